@@ -1,0 +1,75 @@
+"""Attention in plain PyTorch over the paged KV pool: runs on CPU and CUDA; the reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.kvcache.mha_pool import MHAKVCache
+
+from .base import BaseAttnBackend, BaseAttnMetadata
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+
+
+@dataclass
+class TorchAttnMetadata(BaseAttnMetadata):
+    q_starts: List[int]  # where each request's queries begin in the flat token dimension
+    cached_lens: List[int]
+    kv_lens: List[int]  # device_len per request: keys attended to
+    kv_slots: torch.Tensor  # [bs, max_kv_len] slots, padded with slot 0
+    kv_mask: torch.Tensor  # [bs, max_kv_len] True where the key exists
+
+
+class TorchAttnBackend(BaseAttnBackend):
+    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor):
+        self.kv_cache = kv_cache
+        self.page_table = page_table  # [rows, max_seq_len] slot of each position
+
+    def prepare_metadata(self, batch: "Batch") -> None:
+        rows = torch.tensor([r.table_idx for r in batch.reqs], device=self.page_table.device)
+        kv_lens = [r.device_len for r in batch.reqs]
+        max_len = max(kv_lens)
+        lens = torch.tensor(kv_lens, device=self.page_table.device)
+        mask = torch.arange(max_len, device=lens.device)[None, :] < lens[:, None]
+        slots = self.page_table[rows, :max_len].masked_fill(~mask, 0).long()
+        q_starts, start = [], 0
+        for r in batch.reqs:
+            q_starts.append(start)
+            start += r.extend_len
+        batch.attn_metadata = TorchAttnMetadata(q_starts, [r.cached_len for r in batch.reqs], kv_lens, slots, mask)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        meta: TorchAttnMetadata = batch.attn_metadata
+        k_all = self.kv_cache.k_cache(layer_id)
+        v_all = self.kv_cache.v_cache(layer_id)
+        if batch.is_decode:
+            return self._decode(q, k_all, v_all, meta)
+        out = torch.empty_like(q)
+        for i, (start, cached, kv_len) in enumerate(zip(meta.q_starts, meta.cached_lens, meta.kv_lens)):
+            n = kv_len - cached
+            slots = meta.kv_slots[i, :kv_len]
+            qi = q[start : start + n].transpose(0, 1)  # [heads, n, dim]
+            ki = k_all[slots].transpose(0, 1)  # [kv_heads, kv_len, dim]
+            vi = v_all[slots].transpose(0, 1)
+            if cached == 0:
+                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+            else:
+                # query i sits at position cached + i and sees keys 0..cached + i
+                allowed = torch.arange(kv_len, device=q.device)[None, :] <= (cached + torch.arange(n, device=q.device))[:, None]
+                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, enable_gqa=True)
+            out[start : start + n] = oi.transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _decode(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, meta: TorchAttnMetadata) -> torch.Tensor:
+        ks = k_all[meta.kv_slots].transpose(1, 2)  # [bs, kv_heads, max_len, dim]
+        vs = v_all[meta.kv_slots].transpose(1, 2)
+        qs = q.unsqueeze(2)  # [bs, heads, 1, dim]
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=meta.kv_mask[:, None, None, :], enable_gqa=True)
+        return out.squeeze(2)

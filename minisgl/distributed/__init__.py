@@ -1,0 +1,3 @@
+from .info import TPInfo, get_tp_info, set_tp_info
+
+__all__ = ["TPInfo", "get_tp_info", "set_tp_info"]

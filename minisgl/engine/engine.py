@@ -1,0 +1,97 @@
+"""`Engine`: one tensor-parallel rank's model, KV pool, page table, attention backend and sampler.
+
+The engine knows nothing about requests arriving or finishing: it is given a prepared `Batch`,
+runs the model, moves each request's ledger on (`complete_one`) and returns sampled tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.attention import create_attention_backend
+from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.distributed.info import TPInfo, set_tp_info
+from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
+from minisgl.utils import div_ceil
+from minisgl.utils.logger import get_logger
+
+from .config import EngineConfig
+from .sample import BatchSamplingArgs, Sampler
+
+logger = get_logger(__name__)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype
+        set_tp_info(TPInfo(config.tp_rank, config.tp_size))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+
+        self.model_config = ModelConfig.from_dir(config.model_path)
+        self.model = create_model(self.model_config, self.dtype, self.device)
+        if config.dummy_weights:
+            load_dummy(self.model, config.seed)
+        else:
+            load_checkpoint(self.model, config.model_path)
+
+        self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
+        self.page_size = config.page_size
+        qkv = self.model.model.layers[0].self_attn.qkv_proj
+        num_pages = self._num_pages(qkv.num_kv_heads, qkv.head_dim)
+        # one extra page at the end takes the KV writes of padding (dummy) requests
+        self.kv_cache = MHAKVCache(self.model_config.num_layers, num_pages + 1, self.page_size, qkv.num_kv_heads, qkv.head_dim, self.dtype, self.device)
+        self.num_pages = num_pages
+        self.dummy_page = num_pages
+        # row `max_running_reqs` is the dummy row used to pad batches
+        self.page_table = torch.zeros((config.max_running_reqs + 1, self.max_seq_len), dtype=torch.int32, device=self.device)
+        self.page_table[config.max_running_reqs] = self.dummy_page * self.page_size
+        self.attn_backend = create_attention_backend(config.attention_backend, self.kv_cache, self.page_table)
+        self.ctx = Context(page_size=self.page_size, kv_cache=self.kv_cache, attn_backend=self.attn_backend)
+        set_global_ctx(self.ctx)
+        self.sampler = Sampler(self.model_config.vocab_size)
+        self.graph_runner = None
+        if self.device.type == "cuda" and config.use_cuda_graph and self.attn_backend.supports_cuda_graph():
+            from .graph import GraphRunner
+
+            self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
+
+    def _num_pages(self, kv_heads: int, head_dim: int) -> int:
+        cfg = self.config
+        per_page = MHAKVCache.bytes_per_page(self.model_config.num_layers, self.page_size, kv_heads, head_dim, self.dtype)
+        useful = cfg.max_running_reqs * div_ceil(self.max_seq_len, self.page_size)
+        if cfg.num_pages is not None:
+            return cfg.num_pages
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * cfg.memory_fraction) - (1 << 30)  # keep 1 GiB for activations and graphs
+        else:
+            budget = int(cfg.cpu_kv_budget_gb * (1 << 30))
+        pages = min(budget // per_page, useful)
+        if pages * self.page_size < self.max_seq_len:
+            raise MemoryError(
+                f"the KV budget holds only {pages * self.page_size} tokens, less than one full context "
+                f"({self.max_seq_len}); give it more memory or lower max_seq_len"
+            )
+        logger.info("KV pool: %d pages of %d tokens, %.2f GB", pages, self.page_size, pages * per_page / 2**30)
+        return pages
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.kv_cache.buffer.numel() * self.kv_cache.buffer.element_size()
+
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs | None) -> torch.Tensor:
+        """Run the model on a prepared batch; returns the next token of each request (`[bs]` int32)."""
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            logits = self.graph_runner.run(batch)
+        else:
+            self.attn_backend.prepare_metadata(batch)
+            with self.ctx.forward_batch(batch):
+                logits = self.model.forward()
+        for req in batch.reqs:
+            req.complete_one()
+        return self.sampler.sample(logits[: batch.size], args)

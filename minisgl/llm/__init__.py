@@ -1,0 +1,3 @@
+from .llm import LLM, RequestOutput
+
+__all__ = ["LLM", "RequestOutput"]

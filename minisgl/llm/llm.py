@@ -1,0 +1,93 @@
+"""`LLM`: the offline interface. It is the scheduler, with requests coming from a Python list
+instead of a socket and results collected in memory; the main loop is reused unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Union
+
+from minisgl.core import Req, SamplingParams
+from minisgl.engine import EngineConfig
+from minisgl.scheduler import Scheduler, SchedulerConfig
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class RequestOutput:
+    uid: int
+    prompt_ids: List[int]
+    token_ids: List[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: Optional[str] = None
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+
+
+class LLM(Scheduler):
+    """Generate text offline.
+
+    >>> llm = LLM()                                     # the bundled model
+    >>> llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].text
+    """
+
+    def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None, **engine_kwargs):
+        if config is None:
+            engine = EngineConfig(**({"model_path": str(model_path)} if model_path else {}), **engine_kwargs)
+            config = SchedulerConfig(engine=engine)
+        elif model_path is not None or engine_kwargs:
+            config = replace(config, engine=replace(config.engine, **({"model_path": str(model_path)} if model_path else {}), **engine_kwargs))
+        super().__init__(config)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model_path)
+        self._outputs: Dict[int, RequestOutput] = {}
+
+    def encode(self, prompt: Prompt, chat: bool = False) -> List[int]:
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if chat:
+            messages = [{"role": "user", "content": prompt}]
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return self.tokenizer.encode(prompt, add_special_tokens=False) or self.tokenizer.encode(prompt)
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+        *,
+        chat: bool = False,
+    ) -> List[RequestOutput]:
+        """Run every prompt to completion. Strings are tokenized (with the chat template when
+        `chat=True`); lists of ints are used as token ids. Every request is validated before any
+        runs, so one bad prompt raises without leaving the others half done."""
+        if isinstance(prompts, str):
+            raise TypeError("generate() takes a list of prompts; wrap a single prompt in a list")
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        encoded = [self.encode(p, chat) for p in prompts]
+        for ids, sp in zip(encoded, params):
+            self.validate(ids, sp)
+        uids = []
+        for ids, sp in zip(encoded, params):
+            uid = self.add_request(ids, sp)
+            self._outputs[uid] = RequestOutput(uid, list(ids))
+            uids.append(uid)
+        while not self.is_idle:
+            self.step()
+        results = [self._outputs.pop(uid) for uid in uids]
+        for out in results:
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        return results
+
+    def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
+        out = self._outputs[req.uid]
+        if token is not None:
+            if not out.token_ids:
+                out.cached_tokens = req.cache_handle.cached_len
+            out.token_ids.append(token)
+        out.finish_reason = finish_reason
+
+    def on_finish_unstarted(self, uid: int, reason: str) -> None:
+        self._outputs[uid].finish_reason = reason

@@ -1,0 +1,115 @@
+"""`CacheManager`: the one owner of KV pages. Allocates them, reuses prefixes through the prefix
+cache, and takes a finished request's pages back (into the cache or the free list)."""
+
+from __future__ import annotations
+
+from typing import Iterable, List
+
+import torch
+
+from minisgl.core import Req
+from minisgl.kvcache.base import BasePrefixCache, MatchResult
+from minisgl.utils import align_down, div_ceil
+
+
+class CacheManager:
+    def __init__(self, num_pages: int, page_size: int, prefix_cache: BasePrefixCache, page_table: torch.Tensor):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.prefix_cache = prefix_cache
+        self.page_table = page_table
+        self._free_pages = torch.arange(num_pages, dtype=torch.int64)  # CPU
+
+    # ---- sizes ---------------------------------------------------------------------------
+    @property
+    def free_pages(self) -> int:
+        return len(self._free_pages)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages that can be handed out now: free, or held by the cache and evictable."""
+        return self.free_pages + self.prefix_cache.evictable_size // self.page_size
+
+    @staticmethod
+    def owned_pages(req: Req, page_size: int) -> int:
+        """Pages holding this request's KV: [0, cached_len) rounded up to whole pages."""
+        return div_ceil(req.cached_len, page_size)
+
+    def pages_to_finish(self, req: Req) -> int:
+        """Pages `req` may still need: KV is written for positions below max_device_len - 1."""
+        return max(div_ceil(req.max_device_len - 1, self.page_size) - self.owned_pages(req, self.page_size), 0)
+
+    # ---- prefix reuse --------------------------------------------------------------------
+    def match(self, input_ids: torch.Tensor) -> MatchResult:
+        """Longest cached prefix, leaving at least one prompt token to compute (for its logits)."""
+        return self.prefix_cache.match_prefix(input_ids[: len(input_ids) - 1])
+
+    def lock(self, req_handle, unlock: bool = False) -> None:
+        self.prefix_cache.lock_handle(req_handle, unlock=unlock)
+
+    # ---- allocation ----------------------------------------------------------------------
+    def _take_pages(self, n: int) -> torch.Tensor:
+        if n > self.free_pages:
+            freed = self.prefix_cache.evict((n - self.free_pages) * self.page_size)
+            self._release_slots(freed)
+        if n > self.free_pages:
+            raise MemoryError(f"out of KV pages: need {n}, have {self.free_pages} (admission control should prevent this)")
+        pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
+        return pages
+
+    def allocate(self, reqs: Iterable[Req]) -> None:
+        """Give every request slots for positions [cached_len, device_len) in its page-table row."""
+        ps = self.page_size
+        rows: List[torch.Tensor] = []
+        cols: List[torch.Tensor] = []
+        vals: List[torch.Tensor] = []
+        for req in reqs:
+            first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)
+            if last <= first:
+                continue
+            pages = self._take_pages(last - first)
+            slots = (pages[:, None] * ps + torch.arange(ps)).flatten()
+            pos = torch.arange(first * ps, last * ps)
+            keep = pos < self.page_table.shape[1]
+            rows.append(torch.full((int(keep.sum()),), req.table_idx))
+            cols.append(pos[keep])
+            vals.append(slots[keep])
+        if rows:
+            dev = self.page_table.device
+            self.page_table[torch.cat(rows).to(dev), torch.cat(cols).to(dev)] = torch.cat(vals).to(dev, torch.int32)
+
+    def _release_slots(self, slots: torch.Tensor) -> None:
+        if len(slots) == 0:
+            return
+        pages = slots.cpu().long()[:: self.page_size] // self.page_size
+        self._free_pages = torch.cat([self._free_pages, pages])
+
+    def release(self, req: Req) -> None:
+        """Give back everything `req` holds: offer its computed prefix to the cache, free the rest,
+        and drop its lock on the prefix it matched. Called exactly once per request."""
+        ps = self.page_size
+        owned_end = self.owned_pages(req, ps) * ps
+        valid = min(req.cached_len, len(req.input_ids))  # positions whose KV and token are known
+        insert_len = align_down(valid, ps)
+        slots = self.page_table[req.table_idx, :owned_end]
+        start = req.cache_handle.cached_len
+        kept_until = start
+        if insert_len > 0:
+            kept_until = max(self.prefix_cache.insert_prefix(req.input_ids[:insert_len], slots[:insert_len]), start)
+        self._release_slots(slots[start:kept_until])  # duplicates of what the cache already had
+        self._release_slots(slots[insert_len:])  # beyond whole pages: not cacheable
+        self.lock(req.cache_handle, unlock=True)
+
+    # ---- checks --------------------------------------------------------------------------
+    def check_integrity(self, live: Iterable[Req]) -> None:
+        """Every page is in exactly one place: the free list, the prefix cache, or a live request."""
+        ps = self.page_size
+        self.prefix_cache.check_integrity()
+        owned = [self._free_pages, self.prefix_cache.all_indices().cpu().long()[::ps] // ps]
+        for req in live:
+            start, end = req.cache_handle.cached_len, self.owned_pages(req, ps) * ps
+            owned.append(self.page_table[req.table_idx, start:end].cpu().long()[::ps] // ps)
+        pages = torch.cat(owned)
+        assert len(pages) == self.num_pages and len(torch.unique(pages)) == self.num_pages, (
+            f"KV pages leaked or shared: {len(torch.unique(pages))} distinct of {len(pages)} listed, pool has {self.num_pages}"
+        )

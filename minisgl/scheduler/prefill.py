@@ -1,0 +1,108 @@
+"""Admission: which waiting requests join the next prefill batch, and how much of each.
+
+First come, first served: the queue is taken in order and stops at the first request that does
+not fit (skipping ahead would starve long prompts). A request is admitted only if a table row
+is free and the KV pool can hold it to the end (`pages_to_finish`) on top of what running
+requests are already promised, so a running request never runs out of pages. The token budget
+caps one step's prefill; a prompt that does not fit is cut, and its remainder continues first
+in the next step (chunked prefill).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, List, Optional
+
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.utils import div_ceil
+
+from .cache import CacheManager
+from .table import TableManager
+
+
+@dataclass
+class PendingReq:
+    uid: int
+    input_ids: torch.Tensor  # [prompt_len] int32, CPU
+    sampling_params: SamplingParams
+    seed: int
+
+
+@dataclass
+class PrefillAdder:
+    """Fills one prefill batch. `reserved_pages` grows as requests are admitted."""
+
+    token_budget: int
+    reserved_pages: int
+    table: TableManager
+    cache: CacheManager
+
+    def continue_chunk(self, req: Req) -> Req:
+        req.device_len = req.cached_len + min(req.prompt_len - req.cached_len, self.token_budget)
+        req.check()
+        self.token_budget -= req.extend_len
+        return req
+
+    def try_admit(self, pending: PendingReq) -> Optional[Req]:
+        if self.table.available_size == 0 or self.token_budget <= 0:
+            return None
+        handle, indices = self.cache.match(pending.input_ids)
+        self.cache.lock(handle)
+        prompt_len = len(pending.input_ids)
+        max_len = prompt_len + pending.sampling_params.max_tokens
+        ps = self.cache.page_size
+        need = div_ceil(max_len - 1, ps) - handle.cached_len // ps
+        if self.cache.available_pages < self.reserved_pages + need:
+            self.cache.lock(handle, unlock=True)
+            return None
+        row = self.table.allocate()
+        req = Req(pending.input_ids, row, handle.cached_len, pending.uid, pending.sampling_params, handle, pending.seed)
+        req.device_len = handle.cached_len + min(prompt_len - handle.cached_len, self.token_budget)
+        req.check()
+        dev = self.table.token_pool.device
+        self.table.token_pool[row, :prompt_len] = pending.input_ids.to(dev, non_blocking=True)
+        if handle.cached_len:
+            self.table.page_table[row, : handle.cached_len] = indices.to(torch.int32)
+        self.token_budget -= req.extend_len
+        self.reserved_pages += need
+        return req
+
+
+class PrefillManager:
+    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int):
+        self.table = table
+        self.cache = cache
+        self.max_extend_tokens = max_extend_tokens
+        self.pending: Deque[PendingReq] = deque()
+        self.chunked: Optional[Req] = None  # the request whose prompt is half done, if any
+
+    def add(self, pending: PendingReq) -> None:
+        self.pending.append(pending)
+
+    def remove_pending(self, uid: int) -> Optional[PendingReq]:
+        for p in self.pending:
+            if p.uid == uid:
+                self.pending.remove(p)
+                return p
+        return None
+
+    def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
+        adder = PrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)
+        reqs: List[Req] = []
+        if self.chunked is not None:
+            reqs.append(adder.continue_chunk(self.chunked))
+            self.chunked = None
+        while self.pending:
+            req = adder.try_admit(self.pending[0])
+            if req is None:
+                break
+            self.pending.popleft()
+            reqs.append(req)
+        if not reqs:
+            return None
+        if reqs[-1].is_chunk:
+            self.chunked = reqs[-1]
+        return Batch(reqs=reqs, phase="prefill")

@@ -1,0 +1,239 @@
+"""The scheduler: receive, schedule, prepare, forward, process results.
+
+It owns every resource a request holds (a table row, KV pages, a prefix-cache lock) through its
+managers, and frees them in one place, `_free`, once per request. With overlap scheduling the
+step that launches batch N+1 processes batch N's results afterwards, so the CPU's bookkeeping
+hides behind the GPU's work; a request that finishes in N may still ride in N+1, and is freed
+only when no launched batch refers to it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
+from minisgl.engine import Engine, make_sampling_args
+from minisgl.kvcache import create_prefix_cache
+from minisgl.utils import div_ceil
+
+from .cache import CacheManager
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .prefill import PendingReq, PrefillManager
+from .table import TableManager
+
+
+@dataclass
+class StepTrace:
+    """One launched batch, for timelines and tests."""
+
+    step: int
+    phase: str
+    uids: List[int]
+    extend_lens: List[int]
+    cached_lens: List[int]
+
+
+@dataclass
+class ForwardResult:
+    batch: Batch
+    sampled: List[bool]  # False for a prompt chunk: its token is thrown away
+    next_tokens: torch.Tensor  # [bs] on the CPU, valid once `done` has fired
+    done: Optional[torch.cuda.Event]
+    uids: frozenset = field(default_factory=frozenset)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.engine = Engine(config.engine)
+        self.device = self.engine.device
+        self.eos_ids = set(self.engine.model_config.eos_token_ids)
+        self.max_seq_len = self.engine.max_seq_len
+        self.table = TableManager(config.engine.max_running_reqs, self.engine.page_table)
+        prefix_cache = create_prefix_cache(config.prefix_cache, self.engine.page_size, self.device)
+        self.cache = CacheManager(self.engine.num_pages, self.engine.page_size, prefix_cache, self.engine.page_table)
+        self.decode = DecodeManager()
+        self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens)
+        self.live: Dict[int, Req] = {}  # admitted and not yet freed
+        self.unprocessed: List[ForwardResult] = []  # launched, results not read yet
+        self.trace: List[StepTrace] = []
+        self._step = 0
+        self._uids = itertools.count()
+        self._seed_rng = random.Random(config.engine.seed)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def step(self) -> None:
+        """One turn of the main loop, after receiving: schedule, prepare, forward, process."""
+        batch = self.schedule_next_batch()
+        result = self.launch(batch) if batch is not None else None
+        if self.config.overlap:
+            # read batch N's tokens only after N+1 is on its way
+            for older in [r for r in self.unprocessed if r is not result]:
+                self.process_results(older)
+        elif result is not None:
+            self.process_results(result)
+        if self.config.check_integrity:
+            self.check_integrity()
+
+    @property
+    def is_idle(self) -> bool:
+        return not (self.prefill.pending or self.prefill.chunked or self.decode.running or self.unprocessed)
+
+    # ---- requests in -------------------------------------------------------------------------
+    def validate(self, input_ids: Sequence[int], params: SamplingParams) -> None:
+        n = len(input_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: give at least one token")
+        if n + params.max_tokens > self.max_seq_len:
+            raise InvalidRequestError(
+                f"prompt has {n} tokens and max_tokens is {params.max_tokens}, but the context is "
+                f"{self.max_seq_len} tokens: shorten the prompt or lower max_tokens to at most {max(self.max_seq_len - n, 0)}"
+            )
+        if div_ceil(n + params.max_tokens - 1, self.cache.page_size) > self.cache.num_pages:
+            raise InvalidRequestError(
+                f"prompt ({n}) plus max_tokens ({params.max_tokens}) needs more KV memory than the pool "
+                f"holds ({self.cache.num_pages * self.cache.page_size} tokens)"
+            )
+
+    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
+        """Queue a request (raises InvalidRequestError before queueing if it can never run)."""
+        ids = torch.as_tensor(input_ids, dtype=torch.int32).flatten().cpu()
+        self.validate(ids, params)
+        uid = next(self._uids) if uid is None else uid
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(31)
+        self.prefill.add(PendingReq(uid, ids, params, seed))
+        return uid
+
+    def abort_request(self, uid: int) -> None:
+        if self.prefill.remove_pending(uid) is not None:
+            self.on_finish_unstarted(uid, "abort")
+            return
+        req = self.live.get(uid)
+        if req is None or req.finished:
+            return
+        self._finish(req, "abort")
+
+    # ---- results out (overridden by the offline LLM and the server IO) -----------------------
+    def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
+        """Called once per generated token (None when a request is aborted), with the finish
+        reason on the last call."""
+
+    def on_finish_unstarted(self, uid: int, reason: str) -> None:
+        """Called when a request ends before it was admitted (aborted while waiting)."""
+
+    # ---- schedule and prepare ---------------------------------------------------------------
+    def schedule_next_batch(self) -> Optional[Batch]:
+        reserved = sum(self.cache.pages_to_finish(r) for r in self.live.values() if not r.finished)
+        batch = self.prefill.schedule_next_batch(reserved)  # prefill first: it shortens waiting
+        if batch is not None:
+            for r in batch.reqs:
+                self.live[r.uid] = r
+            return batch
+        return self.decode.schedule_next_batch()
+
+    def prepare(self, batch: Batch) -> None:
+        """Allocate KV slots and build the batch's flat token tensors on the device."""
+        self.cache.allocate(batch.reqs)
+        pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in batch.reqs])
+        rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in batch.reqs])
+        lens = torch.tensor([r.extend_len for r in batch.reqs])
+        dev = self.device
+        pos, rows = pos.to(dev, non_blocking=True), rows.to(dev, non_blocking=True)
+        batch.positions = pos
+        batch.input_ids = self.table.token_pool[rows, pos]
+        batch.out_loc = self.table.page_table[rows, pos].long()
+        batch.last_indices = (torch.cumsum(lens, 0) - 1).to(dev, non_blocking=True)
+        batch.padded_size = batch.size
+
+    def launch(self, batch: Batch) -> ForwardResult:
+        self.prepare(batch)
+        self.trace.append(StepTrace(self._step, batch.phase, [r.uid for r in batch.reqs], [r.extend_len for r in batch.reqs], [r.cached_len for r in batch.reqs]))
+        self._step += 1
+        sampled = [not r.is_chunk for r in batch.reqs]
+        args = make_sampling_args(batch.reqs, self.engine.model_config.vocab_size, self.device)
+        next_tokens = self.engine.forward_batch(batch, args)  # moves each ledger on
+        # the sampled token goes where the next step will read it, without a host round trip
+        keep = [i for i, s in enumerate(sampled) if s]
+        if keep:
+            idx = torch.tensor(keep, device=self.device)
+            rows = torch.tensor([batch.reqs[i].table_idx for i in keep], device=self.device)
+            cols = torch.tensor([batch.reqs[i].device_len - 1 for i in keep], device=self.device)
+            self.table.token_pool[rows, cols] = next_tokens[idx]
+        self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
+        if self.device.type == "cuda":
+            host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
+            host.copy_(next_tokens, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host, done = next_tokens, None
+        result = ForwardResult(batch, sampled, host, done, frozenset(r.uid for r in batch.reqs))
+        self.unprocessed.append(result)
+        return result
+
+    # ---- process results --------------------------------------------------------------------
+    def process_results(self, result: ForwardResult) -> None:
+        self.unprocessed.remove(result)
+        if result.done is not None:
+            result.done.synchronize()
+        tokens = result.next_tokens.tolist()
+        for req, sampled, token in zip(result.batch.reqs, result.sampled, tokens):
+            if req.finished:  # finished earlier (or aborted); this step's work is thrown away
+                self._free_if_idle(req)
+                continue
+            if not sampled:
+                continue
+            req.append_host(token)
+            reason = self._finish_reason(req, token)
+            self.on_token(req, token, reason)
+            if reason is not None:
+                self._finish(req, reason, notify=False)
+
+    def _finish_reason(self, req: Req, token: int) -> Optional[str]:
+        sp = req.sampling_params
+        if (token in self.eos_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+            return "stop"
+        if len(req.output_ids) >= sp.max_tokens:
+            return "length"
+        return None
+
+    def _finish(self, req: Req, reason: str, notify: bool = True) -> None:
+        req.finished, req.finish_reason = True, reason
+        self.decode.remove(req)
+        if self.prefill.chunked is req:
+            self.prefill.chunked = None
+        if notify:
+            self.on_token(req, None, reason)
+        self._free_if_idle(req)
+
+    def _free_if_idle(self, req: Req) -> None:
+        """Free now unless a launched batch still refers to the request's row and pages."""
+        if any(req.uid in r.uids for r in self.unprocessed):
+            return
+        self._free(req)
+
+    def _free(self, req: Req) -> None:
+        """The one place a request's resources go back: pages (or cache), lock, and row."""
+        assert self.live.pop(req.uid, None) is req, f"request {req.uid} freed twice"
+        self.cache.release(req)
+        self.table.free(req.table_idx)
+
+    # ---- checks -------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        live = list(self.live.values())
+        self.table.check_integrity([r.table_idx for r in live])
+        self.cache.check_integrity(live)
+
+    def assert_all_free(self) -> None:
+        """When idle, every row and every page not held by the prefix cache is free."""
+        assert self.is_idle and not self.live, f"not idle: {len(self.live)} live requests"
+        self.check_integrity()
+        assert self.table.available_size == self.table.max_running_reqs
+        assert self.cache.free_pages + self.cache.prefix_cache.size // self.cache.page_size == self.cache.num_pages
+        assert self.cache.prefix_cache.protected_size == 0, "a finished request still locks a prefix"

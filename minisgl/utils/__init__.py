@@ -1,0 +1,3 @@
+from .misc import align_down, align_up, div_ceil, default_device, default_model_path
+
+__all__ = ["align_down", "align_up", "div_ceil", "default_device", "default_model_path"]
