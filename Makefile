@@ -48,12 +48,10 @@ models: $(STAMP)
 	$(PY) tools/prepare_models.py
 
 lab: setup
-	@if [ -f chapters/index.ipynb ]; then \
-		exec $(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters \
-			--ServerApp.default_url=/lab/tree/index.ipynb $(LAB_ARGS); \
-	else \
-		exec $(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters $(LAB_ARGS); \
-	fi
+	@root=chapters; [ -d "$$root" ] || root=.; \
+	url=; [ -f chapters/index.ipynb ] && url=--LabApp.default_url=/lab/tree/index.ipynb; \
+	root_ok=; [ "$$(id -u)" = 0 ] && root_ok=--allow-root; \
+	exec $(VENV)/bin/jupyter lab --ServerApp.root_dir="$$root" $$url $$root_ok $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest $(TEST_ARGS)
