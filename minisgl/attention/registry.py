@@ -23,7 +23,7 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
 def create_attention_backend(name: str, kv_cache: MHAKVCache, page_table: torch.Tensor, **kwargs) -> BaseAttnBackend:
     name = resolve_backend_name(name, page_table.device)
     if name == "torch":
-        return TorchAttnBackend(kv_cache, page_table)
+        return TorchAttnBackend(kv_cache, page_table, kwargs.get("pad_slot", 0))
     if name == "flashinfer":
         from .flashinfer_backend import FlashInferAttnBackend
 

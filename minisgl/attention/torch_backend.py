@@ -21,14 +21,15 @@ class TorchAttnMetadata(BaseAttnMetadata):
     q_starts: List[int]  # where each request's queries begin in the flat token dimension
     cached_lens: List[int]
     kv_lens: List[int]  # device_len per request: keys attended to
-    kv_slots: torch.Tensor  # [bs, max_kv_len] slots, padded with slot 0
+    kv_slots: torch.Tensor  # [bs, max_kv_len] slots, padded with the zeroed pad slot
     kv_mask: torch.Tensor  # [bs, max_kv_len] True where the key exists
 
 
 class TorchAttnBackend(BaseAttnBackend):
-    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor):
+    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor, pad_slot: int = 0):
         self.kv_cache = kv_cache
         self.page_table = page_table  # [rows, max_seq_len] slot of each position
+        self.pad_slot = pad_slot  # a zeroed slot that padding reads, so no garbage (NaN) leaks in
 
     def prepare_metadata(self, batch: "Batch") -> None:
         rows = torch.tensor([r.table_idx for r in batch.reqs], device=self.page_table.device)
@@ -36,7 +37,7 @@ class TorchAttnBackend(BaseAttnBackend):
         max_len = max(kv_lens)
         lens = torch.tensor(kv_lens, device=self.page_table.device)
         mask = torch.arange(max_len, device=lens.device)[None, :] < lens[:, None]
-        slots = self.page_table[rows, :max_len].masked_fill(~mask, 0).long()
+        slots = self.page_table[rows, :max_len].masked_fill(~mask, self.pad_slot).long()
         q_starts, start = [], 0
         for r in batch.reqs:
             q_starts.append(start)

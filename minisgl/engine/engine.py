@@ -47,10 +47,11 @@ class Engine:
         self.kv_cache = MHAKVCache(self.model_config.num_layers, num_pages + 1, self.page_size, qkv.num_kv_heads, qkv.head_dim, self.dtype, self.device)
         self.num_pages = num_pages
         self.dummy_page = num_pages
+        self.kv_cache.zero_page(self.dummy_page)
         # row `max_running_reqs` is the dummy row used to pad batches
         self.page_table = torch.zeros((config.max_running_reqs + 1, self.max_seq_len), dtype=torch.int32, device=self.device)
         self.page_table[config.max_running_reqs] = self.dummy_page * self.page_size
-        self.attn_backend = create_attention_backend(config.attention_backend, self.kv_cache, self.page_table)
+        self.attn_backend = create_attention_backend(config.attention_backend, self.kv_cache, self.page_table, pad_slot=self.dummy_page * self.page_size)
         self.ctx = Context(page_size=self.page_size, kv_cache=self.kv_cache, attn_backend=self.attn_backend)
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.model_config.vocab_size)

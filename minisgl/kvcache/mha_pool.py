@@ -18,7 +18,12 @@ class MHAKVCache:
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.buffer = torch.zeros(2, num_layers, num_pages * page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        # left uninitialised: a slot is always written before it is read, except padding, which
+        # reads the zeroed dummy page (see `zero_page`); untouched memory costs nothing on the CPU
+        self.buffer = torch.empty(2, num_layers, num_pages * page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+    def zero_page(self, page: int) -> None:
+        self.buffer[:, :, page * self.page_size : (page + 1) * self.page_size].zero_()
 
     @property
     def num_slots(self) -> int:
