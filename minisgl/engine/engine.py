@@ -87,6 +87,9 @@ class Engine:
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs | None) -> torch.Tensor:
         """Run the model on a prepared batch; returns the next token of each request (`[bs]` int32)."""
+        # the layers read the KV pool and backend from the global context: make it this engine's,
+        # so that several engines in one process (tests, notebooks) never use each other's pools
+        set_global_ctx(self.ctx)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             logits = self.graph_runner.run(batch)
         else:
