@@ -41,3 +41,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+# ---- shared fixtures of the chapter tests (oracles and builders live in tests/helpers.py) ----
+
+
+@pytest.fixture(scope="session")
+def hf_refs():
+    """Hugging Face greedy generations, computed once per test session and shared by every test."""
+    from helpers import ReferenceCache
+
+    return ReferenceCache()

@@ -1,0 +1,164 @@
+"""Shared oracles and builders for the chapter tests.
+
+The oracle for every generation test is Hugging Face transformers run in float32 on the CPU
+with plain greedy decoding (argmax of the next-token logits, its own KV cache). References are
+computed once per process and memoised, so many engine configurations can be checked against
+the same tokens cheaply.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODELS = REPO_ROOT / "models"
+SMOLLM2 = MODELS / "smollm2-135m-instruct"
+TINY_QWEN3 = MODELS / "tiny-qwen3"
+TINY_QWEN2 = MODELS / "tiny-qwen2"
+TINY_LLAMA = MODELS / "tiny-llama"
+
+# Prompts of very different lengths: 1-3 tokens, a dozen, and well over 20 (the longest spans
+# several 7-token chunks). Two pairs share long prefixes so that later arrivals hit the radix cache.
+SHARED_PREFIX = (
+    "Here is a short story about a lighthouse keeper who lived alone on a rocky island far "
+    "from the coast, and every night"
+)
+PROMPT_TEXTS: List[str] = [
+    "Hi",
+    "The capital of France is",
+    SHARED_PREFIX + " he climbed the stairs to light the lamp.",
+    "1, 2, 3,",
+    SHARED_PREFIX + " the sea was calm and the stars were bright.",
+    "Once upon a time",
+    "List three colours of the rainbow: red, orange, and then the next one is",
+    "def fibonacci(n):",
+]
+MAX_TOKENS: List[int] = [1, 3, 8, 16, 5, 16, 3, 8]
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer(path: Path = SMOLLM2):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def encode(text: str, path: Path = SMOLLM2) -> List[int]:
+    return tokenizer(path).encode(text, add_special_tokens=False)
+
+
+def prompt_ids(path: Path = SMOLLM2) -> List[List[int]]:
+    return [encode(t, path) for t in PROMPT_TEXTS]
+
+
+@functools.lru_cache(maxsize=None)
+def hf_model(path: Path):
+    """The transformers model for `path`, float32, on the CPU, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
+    return model.eval()
+
+
+def eos_ids(path: Path) -> Tuple[int, ...]:
+    """The stop tokens the engine uses: config.json's plus generation_config.json's."""
+    ids: List[int] = []
+    for name in ("config.json", "generation_config.json"):
+        f = path / name
+        if f.exists():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    return tuple(dict.fromkeys(ids))
+
+
+@torch.inference_mode()
+def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool = True) -> List[int]:
+    """Greedy continuation by transformers: argmax each step, stop after EOS (kept) or max_tokens."""
+    from transformers import DynamicCache
+
+    model = hf_model(path)
+    stops = set(eos_ids(path)) if stop_at_eos else set()
+    cache = DynamicCache(config=model.config)
+    x = torch.tensor([list(ids)])
+    out: List[int] = []
+    for _ in range(max_tokens):
+        logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+        token = int(logits.argmax())
+        out.append(token)
+        if token in stops:
+            break
+        x = torch.tensor([[token]])
+    return out
+
+
+class ReferenceCache:
+    """Memoised HF greedy generations. Greedy decoding is prefix-consistent, so one long run per
+    prompt answers every shorter `max_tokens` (cut at the first EOS)."""
+
+    def __init__(self) -> None:
+        self._runs: Dict[Tuple[str, Tuple[int, ...], bool], List[int]] = {}
+
+    def get(self, path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool = True) -> List[int]:
+        key = (str(path), tuple(ids), stop_at_eos)
+        run = self._runs.get(key)
+        if run is None or (len(run) < max_tokens and not self._ended(path, run, stop_at_eos)):
+            run = hf_greedy(path, ids, max(max_tokens, 16), stop_at_eos)
+            self._runs[key] = run
+        return run[:max_tokens]
+
+    @staticmethod
+    def _ended(path: Path, run: List[int], stop_at_eos: bool) -> bool:
+        return stop_at_eos and bool(run) and run[-1] in eos_ids(path)
+
+
+def hf_logits(path: Path, ids: Sequence[int]) -> torch.Tensor:
+    """`[len(ids), vocab]` next-token logits of the transformers model, one forward pass."""
+    with torch.inference_mode():
+        return hf_model(path)(input_ids=torch.tensor([list(ids)])).logits[0]
+
+
+def small_engine_kwargs(**overrides) -> dict:
+    """Engine settings that keep CPU tests small: float32, a modest KV pool and context."""
+    kwargs = dict(device="cpu", dtype="float32", num_pages=512, max_seq_len=512, max_running_reqs=4)
+    kwargs.update(overrides)
+    return kwargs
+
+
+def build_llm(path: Path, *, prefix_cache: str = "radix", overlap: bool = False, max_extend_tokens: int = 8192,
+              check_integrity: bool = True, **engine_overrides):
+    """An `LLM` built through the full `SchedulerConfig(engine=EngineConfig(...))` route."""
+    from minisgl.engine import EngineConfig
+    from minisgl.llm import LLM
+    from minisgl.scheduler import SchedulerConfig
+
+    engine = EngineConfig(model_path=str(path), **small_engine_kwargs(**engine_overrides))
+    config = SchedulerConfig(engine=engine, prefix_cache=prefix_cache, max_extend_tokens=max_extend_tokens,
+                             overlap=overlap, check_integrity=check_integrity)
+    return LLM(config=config)
+
+
+def greedy_params(max_tokens: int, **kw):
+    from minisgl.core import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, **kw)
+
+
+def generate_ids(llm, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int] | int, **kw) -> List[List[int]]:
+    """Generate greedily for token-id prompts; check nothing is left allocated; return token ids."""
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
+    outs = llm.generate([list(p) for p in prompts], [greedy_params(n, **kw) for n in max_tokens])
+    llm.assert_all_free()
+    return [o.token_ids for o in outs]
+
+
+def first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
