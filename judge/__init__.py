@@ -1,0 +1,28 @@
+"""The workbook's judge: grades an exercise by plugging the learner's piece into the real engine.
+
+    from judge import grade
+    grade("prefill-adder", "work/prefill-adder.py")   # a GradeResult (shows as a table in Jupyter)
+
+In IPython, importing this package also registers the cell magic `%%judge <id>`.
+"""
+
+from __future__ import annotations
+
+from .grade import grade
+from .magic import load_ipython_extension
+from .result import CaseResult, GradeResult
+
+__all__ = ["grade", "GradeResult", "CaseResult", "load_ipython_extension"]
+
+
+def _register_magic() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        load_ipython_extension(ip)
+
+
+_register_magic()

@@ -1,0 +1,186 @@
+"""What an exercise's `cases.py` is written with: its metadata, its cases, and the observations a
+case records. See exercises/FORMAT.md for the layout of an exercise."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+UNIT = "unit"
+E2E = "e2e"
+
+
+@dataclass(frozen=True)
+class Replace:
+    """One engine symbol the learner writes: `qualname` is `Class.attr` or a module-level name in
+    `module`. The learner's file defines the same qualname; the judge transplants it."""
+
+    module: str
+    qualname: str
+    optional: bool = False  # a helper the learner may write, or leave out (it is hidden either way)
+
+    def __post_init__(self) -> None:
+        if self.qualname.count(".") > 1:
+            raise ValueError(f"{self.qualname}: give `Class.attr` or a module-level name")
+
+    @property
+    def owner(self) -> Optional[str]:
+        return self.qualname.split(".")[0] if "." in self.qualname else None
+
+    @property
+    def attr(self) -> str:
+        return self.qualname.split(".")[-1]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # shown to the learner
+    fn: Callable[..., None]
+    kind: str = UNIT
+    seeds: int = 0  # 0: a fixed case (reference recorded); n > 0: n seeds drawn at grade time
+    hint: Optional[int] = None  # which hint in hints.md helps when this case fails
+    timeout_s: Optional[float] = None
+
+    @property
+    def key(self) -> str:
+        return self.fn.__name__
+
+
+@dataclass
+class Exercise:
+    id: str
+    chapter: int
+    title: str
+    difficulty: int  # 1 easy, 2 medium, 3 hard
+    replaces: Tuple[Replace, ...]
+    unit_timeout_s: float = 30.0
+    e2e_timeout_s: float = 180.0
+    memory_limit_gb: float = 6.0
+    cases: List[Case] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.difficulty <= 3:
+            raise ValueError(f"{self.id}: difficulty is 1, 2 or 3, got {self.difficulty}")
+        if not self.replaces:
+            raise ValueError(f"{self.id}: an exercise replaces at least one engine symbol")
+
+    def timeout_for(self, case: Case) -> float:
+        if case.timeout_s is not None:
+            return case.timeout_s
+        return self.e2e_timeout_s if case.kind == E2E else self.unit_timeout_s
+
+
+# Cases register here while a cases.py is imported; the registry attaches them to EXERCISE.
+_PENDING: List[Case] = []
+
+
+def case(name: str, *, kind: str = UNIT, seeds: int = 0, hint: Optional[int] = None, timeout_s: Optional[float] = None):
+    """Decorator: `fn(obs)` for a fixed case, `fn(obs, seed)` when `seeds > 0`."""
+    if kind not in (UNIT, E2E):
+        raise ValueError(f"kind must be {UNIT!r} or {E2E!r}, got {kind!r}")
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        _PENDING.append(Case(name, fn, kind, seeds, hint, timeout_s))
+        return fn
+
+    return register
+
+
+def take_pending() -> List[Case]:
+    out = list(_PENDING)
+    _PENDING.clear()
+    return out
+
+
+# ---- observations -------------------------------------------------------------------------------
+_TOLERANCE = {  # dtype -> (atol, rtol); what two correct implementations may differ by
+    "torch.float64": (1e-8, 1e-6),
+    "torch.float32": (1e-4, 1e-3),
+    "torch.float16": (2e-2, 1e-2),
+    "torch.bfloat16": (6e-2, 3e-2),
+}
+
+
+def tolerance(dtype: str) -> Tuple[float, float]:
+    return _TOLERANCE.get(dtype, _TOLERANCE["torch.float32"])
+
+
+def to_plain(value: Any) -> Any:
+    """JSON-able form of an exactly compared value (tensors become nested lists of ints/bools)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch = None
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            raise TypeError("float tensors are compared with obs.close(), not obs.eq()")
+        return value.detach().cpu().tolist()
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, slice):
+        return [value.start, value.stop]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot record a {type(value).__name__}; record ints, strings, lists, dicts or int tensors")
+
+
+class Obs:
+    """The observations of one case run, in order. Labels speak the learner's language."""
+
+    def __init__(self) -> None:
+        self.items: List[Dict[str, Any]] = []
+
+    def eq(self, label: str, value: Any) -> None:
+        """Compared exactly: ints, strings, bools, lists, dicts, int tensors."""
+        self.items.append({"label": label, "kind": "eq", "value": to_plain(value)})
+
+    def close(self, label: str, tensor: Any) -> None:
+        """A float tensor, compared with a tolerance set by its dtype."""
+        t = tensor.detach()
+        self.items.append({
+            "label": label, "kind": "close", "dtype": str(t.dtype), "shape": list(t.shape),
+            "value": t.float().cpu().flatten().tolist(),
+        })
+
+    def unchanged(self, label: str, before: Any, after: Any) -> None:
+        """Record whether an input survived the learner's call (`before` from `snapshot`)."""
+        self.items.append({"label": f"{label} is left unchanged", "kind": "eq", "value": describe_change(before, after)})
+
+
+def snapshot(value: Any) -> Any:
+    """A deep copy to compare an input with after the call (tensors are cloned)."""
+    return copy.deepcopy(value)
+
+
+def describe_change(before: Any, after: Any) -> str:
+    import torch
+
+    if isinstance(before, torch.Tensor):
+        if before.shape != after.shape:
+            return f"changed: shape {tuple(before.shape)} became {tuple(after.shape)}"
+        diff = (before != after) & ~(torch.isnan(before) & torch.isnan(after)) if before.is_floating_point() else before != after
+        if bool(diff.any()):
+            idx = tuple(int(i) for i in diff.nonzero()[0])
+            return f"changed: element {list(idx)} was {before[idx].item()}, now {after[idx].item()}"
+        return "unchanged"
+    if isinstance(before, (list, tuple)):
+        if len(before) != len(after):
+            return f"changed: length {len(before)} became {len(after)}"
+        for i, (b, a) in enumerate(zip(before, after)):
+            d = describe_change(b, a)
+            if d != "unchanged":
+                return f"item {i} {d}"
+        return "unchanged"
+    if hasattr(before, "__dict__") and not isinstance(before, type):
+        for k, v in vars(before).items():
+            d = describe_change(v, getattr(after, k, None))
+            if d != "unchanged":
+                return f"field {k} {d}"
+        return "unchanged"
+    return "unchanged" if before == after else f"changed: was {before!r}, now {after!r}"

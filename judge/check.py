@@ -1,0 +1,126 @@
+"""The maintainers' check: for every exercise the reference passes, the solution passes, the
+starter and every deliberately wrong variant fail, and the recorded reference outputs are current."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from . import reference, registry
+from .compare import first_difference
+from .grade import current_fingerprint, cuda_available, default_threads, expected_from, plan, verdicts
+from .runner import run_cases
+
+CHECK_SEED = 20261130  # check draws the same seeds every time, so a failure can be replayed
+
+
+@dataclass
+class ExerciseCheck:
+    exercise: str
+    problems: List[str] = field(default_factory=list)
+    lines: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def candidates(exercise_id: str) -> List[Path]:
+    d = registry.folder(exercise_id)
+    return [d / "solution.py", d / "starter.py", *sorted((d / "wrong").glob("*.py"))]
+
+
+def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> ExerciseCheck:
+    t0 = time.perf_counter()
+    ex = registry.load(exercise_id)
+    out = ExerciseCheck(exercise_id)
+    d = registry.folder(exercise_id)
+    for needed in ("README.md", "hints.md", "starter.py", "solution.py"):
+        if not (d / needed).is_file():
+            out.problems.append(f"missing {needed}")
+    if not list((d / "wrong").glob("*.py")):
+        out.problems.append("no deliberately wrong variants in wrong/*.py")
+    hint_count = len(registry.hints(exercise_id))
+    for c in ex.cases:
+        if c.hint is not None and not 1 <= c.hint <= hint_count:
+            out.problems.append(f"case {c.key} points at hint {c.hint}, hints.md has {hint_count}")
+    jobs = plan(ex, CHECK_SEED)
+    use_cuda = cuda_available()
+    kw = dict(memory_limit_gb=ex.memory_limit_gb, threads=default_threads(parallel), use_cuda=use_cuda)
+    ref = run_cases(exercise_id, None, jobs, **kw)
+    expected, broken = expected_from(ref, jobs)
+    if ref.fatal or broken:
+        why = ref.fatal["error"] if ref.fatal else "; ".join(f"{b}: {ref.results.get(b, {}).get('error', 'no result')}" for b in broken)
+        out.problems.append(f"the reference engine fails its own cases: {why}")
+        out.seconds = time.perf_counter() - t0
+        return out
+    fp = ref.fingerprint
+    fixed = {j.key: expected[j.id] for j in jobs if j.seed is None}
+    recorded = reference.load(exercise_id)
+    if record:
+        reference.save(exercise_id, fp, fixed)
+        out.lines.append(f"recorded {len(fixed)} fixed cases on {reference.describe(fp)}")
+    elif recorded is None:
+        out.problems.append(f"no recorded reference: run `python judge.py record {exercise_id}`")
+    elif recorded["fingerprint"] != fp:
+        out.lines.append(f"recording made on {reference.describe(recorded['fingerprint'])}; this machine differs, so it was not compared")
+    else:
+        for key, obs in fixed.items():
+            if key not in recorded["cases"]:
+                out.problems.append(f"case {key} has no recorded reference: run `python judge.py record {exercise_id}`")
+                continue
+            diff = first_difference(obs, recorded["cases"][key])
+            if diff is not None:
+                out.problems.append(f"recorded reference for {key} is stale at '{diff.where}' ({diff.detail or diff.got}): run `python judge.py record {exercise_id}`")
+
+    for cand in candidates(exercise_id):
+        if not cand.is_file():
+            continue
+        must_pass = cand.name == "solution.py"
+        # a variant only has to fail once: stop at its first non-passing case
+        got = run_cases(exercise_id, cand, jobs, on_done=_stop_on_difference(expected) if not must_pass else None, **kw)
+        results = [r for r in verdicts(ex, jobs, expected, ref, got) if not (r.status == "error" and r.message.startswith("not run (grading"))]
+        bad = [r for r in results if not r.passed]
+        rel = cand.relative_to(d)
+        if must_pass and bad:
+            first = bad[0]
+            out.problems.append(f"{rel} should pass but {first.name}: {first.status} {first.where} {first.got} vs {first.expected} {first.message}".strip())
+        elif not must_pass and not bad:
+            out.problems.append(f"{rel} should fail but passes every case")
+        else:
+            first = bad[0] if bad else None
+            what = f"fails '{first.name}' ({first.status})" if first else f"passes {len(results)} cases"
+            out.lines.append(f"{rel}: {what}")
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _stop_on_difference(expected):
+    def on_done(case_id: str, event) -> Optional[bool]:
+        if event["status"] != "ok":
+            return True
+        exp = expected.get(case_id)
+        return exp is not None and first_difference(event["obs"], exp) is not None
+
+    return on_done
+
+
+def check(exercise_ids: Optional[List[str]] = None, jobs: int = 2, record: bool = False, echo=print) -> bool:
+    ids = exercise_ids or registry.exercise_ids()
+    t0 = time.perf_counter()
+    echo(f"checking {len(ids)} exercises on {current_fingerprint()['device']} with {jobs} parallel jobs")
+    all_ok = True
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for res in pool.map(lambda i: check_one(i, jobs, record), ids):
+            all_ok &= res.ok
+            echo(f"{'ok  ' if res.ok else 'FAIL'} {res.exercise} ({res.seconds:.0f} s)")
+            for line in res.lines:
+                echo(f"     {line}")
+            for p in res.problems:
+                echo(f"  !! {p}")
+    echo(f"{'all exercises check out' if all_ok else 'some exercises are broken'} ({time.perf_counter() - t0:.0f} s)")
+    return all_ok

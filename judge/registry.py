@@ -1,0 +1,71 @@
+"""Find exercises (every `exercises/<id>/cases.py`) and load their metadata and cases."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from .api import Exercise, take_pending
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXERCISES_DIR = REPO_ROOT / "exercises"
+WORK_DIR = REPO_ROOT / "work"
+STATE_DIR = REPO_ROOT / ".judge"
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
+
+
+class UnknownExerciseError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def exercise_ids() -> List[str]:
+    return sorted(p.parent.name for p in EXERCISES_DIR.glob("*/cases.py"))
+
+
+def folder(exercise_id: str) -> Path:
+    path = EXERCISES_DIR / exercise_id
+    if not (path / "cases.py").is_file():
+        known = ", ".join(exercise_ids()) or "(none)"
+        raise UnknownExerciseError(f"no exercise {exercise_id!r}; known exercises: {known}")
+    return path
+
+
+_LOADED: Dict[str, Exercise] = {}
+
+
+def load(exercise_id: str) -> Exercise:
+    """Import `exercises/<id>/cases.py` (once per process) and return its EXERCISE with cases."""
+    if exercise_id in _LOADED:
+        return _LOADED[exercise_id]
+    path = folder(exercise_id) / "cases.py"
+    name = "judge_cases_" + re.sub(r"\W", "_", exercise_id)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    take_pending()
+    spec.loader.exec_module(module)
+    ex: Exercise = getattr(module, "EXERCISE", None)
+    if not isinstance(ex, Exercise) or ex.id != exercise_id:
+        raise ValueError(f"{path}: define EXERCISE = Exercise(id={exercise_id!r}, ...)")
+    ex.cases = take_pending()
+    if not ex.cases:
+        raise ValueError(f"{path}: no cases registered with @case")
+    _LOADED[exercise_id] = ex
+    return ex
+
+
+def learner_path(exercise_id: str) -> Path:
+    return WORK_DIR / f"{exercise_id}.py"
+
+
+def hints(exercise_id: str) -> List[str]:
+    """The sections of hints.md, in order (hint 1 first)."""
+    path = folder(exercise_id) / "hints.md"
+    if not path.exists():
+        return []
+    parts = re.split(r"^## Hint \d+.*$", path.read_text(), flags=re.M)
+    return [p.strip() for p in parts[1:]]

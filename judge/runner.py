@@ -1,0 +1,178 @@
+"""Run cases in a `judge.worker` subprocess under a time limit per case and a memory limit.
+
+A case that runs past its limit, or a process that grows past the memory limit, is killed; the
+case is marked and the remaining cases continue in a fresh process. The judge itself never runs
+learner code, so nothing the learner writes can hang or crash it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from .registry import REPO_ROOT
+
+STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
+POLL_S = 0.05
+
+
+@dataclass
+class CaseJob:
+    id: str  # unique within a run: the case key, plus "#seed" for seeded cases
+    key: str  # the case function's name
+    seed: Optional[int]
+    timeout_s: float
+
+
+@dataclass
+class WorkerReport:
+    fatal: Optional[Dict[str, Any]] = None  # the file could not be installed: applies to every case
+    fingerprint: Optional[Dict[str, str]] = None
+    skipped: List[str] = field(default_factory=list)  # optional helpers the learner left out
+    results: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # case id -> done event
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def _limit_address_space(limit_bytes: Optional[int]) -> Callable[[], None]:
+    def apply() -> None:
+        if limit_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_cases(
+    exercise_id: str,
+    file: Optional[Path],
+    cases: List[CaseJob],
+    *,
+    memory_limit_gb: float = 6.0,
+    threads: int = 1,
+    use_cuda: bool = False,
+    on_done: Optional[Callable[[str, Dict[str, Any]], bool]] = None,
+) -> WorkerReport:
+    """Run `cases` with `file` installed (None: the reference engine). `on_done(case_id, event)`
+    may return True to stop early (the rest are left out of the report)."""
+    report = WorkerReport()
+    remaining = list(cases)
+    limit = int(memory_limit_gb * (1 << 30))
+    with tempfile.TemporaryDirectory(prefix="judge-") as tmp:
+        attempt = 0
+        while remaining:
+            attempt += 1
+            out_path = Path(tmp) / f"events-{attempt}.jsonl"
+            err_path = Path(tmp) / f"stderr-{attempt}.txt"
+            job_path = Path(tmp) / f"job-{attempt}.json"
+            job_path.write_text(json.dumps({
+                "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
+                "threads": threads, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
+            }))
+            out_path.touch()
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+            with open(err_path, "wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "judge.worker", str(job_path)], cwd=str(REPO_ROOT), env=env,
+                    stdout=err, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                    # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
+                    preexec_fn=_limit_address_space(None if use_cuda else limit + (2 << 30)),
+                )
+            stop, killed_for = _watch(proc, out_path, remaining, report, limit, on_done)
+            err_tail = err_path.read_bytes()[-1500:].decode(errors="replace").strip()
+            if report.fatal is not None or stop:
+                return report
+            current = next((c for c in remaining if c.id not in report.results), None)
+            if current is None:
+                break
+            if killed_for is None:  # the process died on its own in the middle of a case
+                code = proc.returncode
+                why = f"killed by signal {-code}" if code and code < 0 else f"exit code {code}"
+                if report.fingerprint is None and current is remaining[0] and not _started(out_path):
+                    report.fatal = {"status": "error", "error": f"the grading process died before running any case ({why}):\n{err_tail}"}
+                    return report
+                report.results[current.id] = {"status": "error", "error": f"the grading process died during this case ({why}); its last output:\n{err_tail}", "obs": [], "seconds": 0.0}
+            else:
+                report.results[current.id] = killed_for
+            if on_done is not None and on_done(current.id, report.results[current.id]):
+                return report
+            remaining = [c for c in remaining if c.id not in report.results]
+    return report
+
+
+def _started(out_path: Path) -> bool:
+    return '"event": "start"' in out_path.read_text()
+
+
+def _watch(proc, out_path, remaining, report, limit, on_done):
+    """Follow the event file until the process ends. Returns (stopped early, result of a kill)."""
+    timeouts = {c.id: c.timeout_s for c in remaining}
+    pos = 0
+    buf = ""
+    current: Optional[str] = None
+    started_at = time.monotonic()
+    while True:
+        with open(out_path) as f:
+            f.seek(pos)
+            chunk = f.read()
+            pos = f.tell()
+        buf += chunk
+        while "\n" in buf:
+            line, buf = buf.split("\n", 1)
+            event = json.loads(line)
+            kind = event.pop("event")
+            if kind == "fatal":
+                report.fatal = event
+            elif kind == "ready":
+                report.fingerprint, report.skipped = event["fingerprint"], event["skipped"]
+            elif kind == "start":
+                current, started_at = event["case"], time.monotonic()
+            elif kind == "done":
+                report.results[event.pop("case")] = event
+                finished, current = current, None
+                if on_done is not None and on_done(finished, report.results[finished]):
+                    _kill(proc)
+                    return True, None
+        if proc.poll() is not None and not chunk:
+            return False, None
+        now = time.monotonic()
+        if current is None and report.fingerprint is None and now - started_at > STARTUP_S:
+            _kill(proc)
+            report.fatal = {"status": "timeout", "error": f"loading your file took more than {STARTUP_S:.0f} s (does it run something at import time?)"}
+            return False, None
+        if current is not None and now - started_at > timeouts[current]:
+            _kill(proc)
+            return False, {"status": "timeout", "error": f"no result after {timeouts[current]:.0f} s: an endless loop, or far too slow", "obs": [], "seconds": now - started_at}
+        if _rss_bytes(proc.pid) > limit:
+            _kill(proc)
+            result = {"status": "oom", "error": f"used more than {limit / 2**30:.1f} GiB of memory", "obs": [], "seconds": now - started_at}
+            if current is None:
+                report.fatal = dict(result)
+                return False, None
+            return False, result
+        time.sleep(POLL_S)

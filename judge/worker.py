@@ -1,0 +1,119 @@
+"""The grading subprocess: install a learner's piece (or none, for the reference), run cases,
+write one JSON line per event. The parent (`runner.py`) enforces time and memory limits, so a
+learner's crash, endless loop or memory blow-up ends this process, never the judge.
+
+    python -m judge.worker JOB.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, TextIO
+
+
+def fingerprint() -> Dict[str, str]:
+    """What the outputs may depend on: the device kind, torch and transformers versions."""
+    import torch
+    import transformers
+
+    if torch.cuda.is_available():
+        device = f"cuda ({torch.cuda.get_device_name(0)})"
+    else:
+        device = "cpu"
+    return {
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1],
+    }
+
+
+def format_error(exc: BaseException, learner_file: str | None) -> str:
+    """The exception and the frames that matter: the learner's lines first, then where it broke."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    lines = []
+    mine = [f for f in frames if learner_file and os.path.abspath(f.filename) == learner_file]
+    for f in mine[-3:]:
+        lines.append(f"  your file, line {f.lineno}, in {f.name}: {(f.line or '').strip()}")
+    if frames and (not mine or frames[-1] is not mine[-1]):
+        f = frames[-1]
+        where = os.path.relpath(f.filename) if not f.filename.startswith("<") else f.filename
+        lines.append(f"  raised in {where}, line {f.lineno}, in {f.name}: {(f.line or '').strip()}")
+    msg = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, RecursionError):
+        msg += " (does a method call itself, e.g. through super() or the engine class?)"
+    return msg + ("\n" + "\n".join(lines) if lines else "")
+
+
+def _status_of(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
+        return "oom"
+    return "error"
+
+
+def _emit(out: TextIO, **event: Any) -> None:
+    out.write(json.dumps(event) + "\n")
+    out.flush()
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    out = open(job["out"], "a")
+    repo = job["repo"]
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    import torch
+
+    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    from judge import install, registry
+    from judge.api import Obs
+
+    learner_file = os.path.abspath(job["file"]) if job.get("file") else None
+    try:
+        ex = registry.load(job["exercise"])
+        skipped: list = []
+        if learner_file:
+            source = Path(learner_file).read_text()
+            findings = install.scan(source, ex.replaces, ex.id)
+            if findings:
+                _emit(out, event="fatal", status="rejected", error="your file reaches the engine's own version of the piece it replaces:\n" + "\n".join(f"  {f}" for f in findings))
+                return 0
+            install.hide(ex.replaces)
+            learner = install.load_learner(Path(learner_file))
+            skipped = install.transplant(ex.replaces, learner)
+    except install.MissingPieceError as exc:
+        _emit(out, event="fatal", status="error", error=str(exc))
+        return 0
+    except BaseException as exc:  # the learner's module failed to import
+        _emit(out, event="fatal", status=_status_of(exc), error="your file failed to load: " + format_error(exc, learner_file))
+        return 0
+    _emit(out, event="ready", fingerprint=fingerprint(), skipped=skipped)
+
+    by_key = {c.key: c for c in ex.cases}
+    for item in job["cases"]:
+        case = by_key[item["key"]]
+        _emit(out, event="start", case=item["id"])
+        obs = Obs()
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        try:
+            if case.seeds:
+                case.fn(obs, item["seed"])
+            else:
+                case.fn(obs)
+            _emit(out, event="done", case=item["id"], status="ok", obs=obs.items, seconds=time.perf_counter() - t0)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            _emit(out, event="done", case=item["id"], status=_status_of(exc), error=format_error(exc, learner_file), obs=obs.items, seconds=time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
