@@ -30,7 +30,8 @@ def _yarn_scale(inv_freq: torch.Tensor, head_dim: int, theta: float, s: Dict[str
     """Blend interpolated and extrapolated frequencies; return them and the attention factor
     (YaRN scales cos/sin by `0.1 ln(factor) + 1` so logits keep their temperature)."""
     factor = s["factor"]
-    old_ctx = s.get("original_max_position_embeddings") or max_pos / factor
+    # transformers falls back to the model's own context when the original one is not given
+    old_ctx = s.get("original_max_position_embeddings") or max_pos
     beta_fast, beta_slow = s.get("beta_fast", 32), s.get("beta_slow", 1)
 
     def dim_for(rotations: float) -> float:

@@ -1,0 +1,106 @@
+"""The scheduler as a server process: requests arrive over ZMQ, tokens leave over ZMQ.
+
+`SchedulerIO` only adds the edges to `Scheduler`; the loop body is the same `step()` the
+offline `LLM` runs. Tokens produced during one step are sent together, as one message, after
+the step -- a decode step of 64 requests is one send, not 64.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional
+
+from minisgl.core import InvalidRequestError, Req
+from minisgl.message import (
+    AbortMsg,
+    BatchMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    SchedulerErrorMsg,
+    StatusMsg,
+    StatusQuery,
+    UserMsg,
+)
+from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+
+from .config import SchedulerConfig
+from .scheduler import Scheduler
+
+
+class SchedulerIO(Scheduler):
+    def __init__(self, config: SchedulerConfig, recv_addr: str, send_addr: str):
+        super().__init__(config)
+        self.recv_queue = ZmqPullQueue(recv_addr, bind=True)
+        self.send_queue = ZmqPushQueue(send_addr, bind=False)
+        self.outbox: List[Any] = []
+        self.running = True
+
+    # ---- results out: collected during a step, sent after it ---------------------------------
+    def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
+        self.outbox.append(DetokenizeMsg(req.uid, token, finish_reason))
+
+    def on_finish_unstarted(self, uid: int, reason: str) -> None:
+        self.outbox.append(DetokenizeMsg(uid, None, reason))
+
+    def flush(self) -> None:
+        if self.outbox:
+            self.send_queue.put(self.outbox[0] if len(self.outbox) == 1 else BatchMsg(self.outbox))
+            self.outbox = []
+
+    # ---- requests in -------------------------------------------------------------------------
+    def receive(self, timeout_s: Optional[float]) -> List[Any]:
+        """Everything waiting. With nothing to run, block (up to `timeout_s`) for the first one."""
+        if timeout_s is not None and not self.recv_queue.socket.poll(int(timeout_s * 1000)):
+            return []
+        return self.recv_queue.get_nowait()
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, BatchMsg):
+            for m in msg.msgs:
+                self.handle(m)
+        elif isinstance(msg, UserMsg):
+            try:
+                self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)
+            except InvalidRequestError as e:
+                self.outbox.append(SchedulerErrorMsg(msg.uid, str(e)))
+        elif isinstance(msg, AbortMsg):
+            self.abort_request(msg.uid)
+        elif isinstance(msg, StatusQuery):
+            self.outbox.append(self.status(msg.uid))
+        elif isinstance(msg, ExitMsg):
+            self.running = False
+        else:
+            raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
+
+    def status(self, uid: int) -> StatusMsg:
+        try:
+            self.check_integrity()
+            ok = True
+        except AssertionError:
+            ok = False
+        ps = self.cache.page_size
+        return StatusMsg(
+            uid=uid,
+            idle=self.is_idle,
+            live_requests=len(self.live),
+            free_rows=self.table.available_size,
+            total_rows=self.table.max_running_reqs,
+            free_pages=self.cache.free_pages,
+            cached_pages=self.cache.prefix_cache.size // ps,
+            total_pages=self.cache.num_pages,
+            integrity_ok=ok,
+            max_seq_len=self.max_seq_len,
+        )
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run_forever(self, parent_pid: Optional[int] = None) -> None:
+        while self.running:
+            # idle: wait for work (waking each second to notice a dead parent); busy: just peek
+            msgs = self.receive(1.0 if self.is_idle else 0.0)
+            if not msgs and self.is_idle and parent_pid is not None and os.getppid() != parent_pid:
+                return
+            for msg in msgs:
+                self.handle(msg)
+            if not self.is_idle:
+                self.step()
+            self.flush()

@@ -1,0 +1,93 @@
+"""The API server's side of the pipes: one asyncio task reads every reply and routes it, by uid,
+to the queue of the HTTP handler waiting for it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, AsyncIterator, Dict, List, Optional, Set
+
+from minisgl.core import SamplingParams
+from minisgl.message import AbortMsg, BatchMsg, ErrorReply, StatusMsg, StatusQuery, TokenizeMsg, UserReply
+from minisgl.message.tokenizer import Prompt
+from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+
+from .launch import Addresses
+
+
+class RequestFailed(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class FrontendManager:
+    def __init__(self, addrs: Addresses):
+        self.to_tokenizer = ZmqAsyncPushQueue(addrs.api_to_tokenizer, bind=False)
+        self.from_tokenizer = ZmqAsyncPullQueue(addrs.tokenizer_to_api, bind=True)
+        self.queues: Dict[int, asyncio.Queue] = {}
+        self._uids = itertools.count()
+        self._listener: Optional[asyncio.Task] = None
+        self._background: Set[asyncio.Task] = set()  # keeps fire-and-forget sends alive
+
+    def start(self) -> None:
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+        self.to_tokenizer.close()
+        self.from_tokenizer.close()
+
+    async def _listen(self) -> None:
+        while True:
+            msg = await self.from_tokenizer.get()
+            for m in msg.msgs if isinstance(msg, BatchMsg) else [msg]:
+                q = self.queues.get(m.uid)
+                if q is not None:  # else: the handler is gone (client disconnected)
+                    q.put_nowait(m)
+
+    def _send_later(self, msg: Any) -> None:
+        """Send from code that must not await (a cancelled handler's cleanup)."""
+        task = asyncio.get_running_loop().create_task(self.to_tokenizer.put(msg))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        chat: bool,
+        params: SamplingParams,
+        max_tokens_from_context: bool = False,
+        stop: Optional[List[str]] = None,
+    ) -> AsyncIterator[UserReply]:
+        """Replies for one request until the finished one. Raises RequestFailed if refused.
+        If the consumer stops early (closed or cancelled), the request is aborted."""
+        uid = next(self._uids)
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[uid] = q
+        finished = False
+        try:
+            await self.to_tokenizer.put(TokenizeMsg(uid, prompt, chat, params, max_tokens_from_context, list(stop or [])))
+            while not finished:
+                reply = await q.get()
+                if isinstance(reply, ErrorReply):
+                    finished = True
+                    raise RequestFailed(reply.status, reply.message)
+                finished = reply.finished
+                yield reply
+        finally:
+            del self.queues[uid]
+            if not finished:
+                self._send_later(AbortMsg(uid))
+
+    async def status(self, timeout_s: float = 10.0) -> StatusMsg:
+        uid = next(self._uids)
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[uid] = q
+        try:
+            await self.to_tokenizer.put(StatusQuery(uid))
+            return await asyncio.wait_for(q.get(), timeout_s)
+        finally:
+            del self.queues[uid]
