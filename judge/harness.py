@@ -135,3 +135,35 @@ def teacher_forced_logits(config, prompt: Sequence[int], forced: Sequence[int], 
         req.append_host(token)
         sched.decode.add([req])
     return rows
+
+
+# ---- managers without a model: for unit cases on the scheduler's pieces -----------------------------
+def managers(rows: int = 4, num_pages: int = 64, page_size: int = 1, max_seq_len: int = 128, prefix_cache: str = "radix"):
+    """A TableManager and CacheManager on the CPU, sharing one page table (with its dummy row)."""
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+    from minisgl.scheduler.table import TableManager
+
+    page_table = torch.zeros((rows + 1, max_seq_len), dtype=torch.int32)
+    table = TableManager(rows, page_table)
+    cache = CacheManager(num_pages, page_size, create_prefix_cache(prefix_cache, page_size, torch.device("cpu")), page_table)
+    return table, cache
+
+
+def cache_prefix(cache, ids: Sequence[int]) -> None:
+    """Put `ids` (whole pages) into the prefix cache on fresh pages, as a finished request would."""
+    ps = cache.page_size
+    ids = torch.tensor(list(ids)[: len(ids) // ps * ps], dtype=torch.int32)
+    if len(ids) == 0:
+        return
+    pages = cache._take_pages(len(ids) // ps)
+    slots = (pages[:, None] * ps + torch.arange(ps)).flatten().to(torch.int32)
+    kept = cache.prefix_cache.insert_prefix(ids, slots)
+    cache._release_slots(slots[:kept])  # the part the cache already had
+
+
+def pending(uid: int, ids: Sequence[int], max_tokens: int, seed: int = 0):
+    from minisgl.core import SamplingParams
+    from minisgl.scheduler.prefill import PendingReq
+
+    return PendingReq(uid, torch.tensor(list(ids), dtype=torch.int32), SamplingParams(max_tokens=max_tokens), seed)
