@@ -162,3 +162,63 @@ def first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ---- driving an Engine by hand (what the scheduler does, minus admission) ------------------------
+
+
+def make_req(ids: Sequence[int], row: int, cached_len: int = 0, max_tokens: int = 8, uid: int = 0, **sp):
+    """A request whose first `cached_len` tokens are taken as already in the KV pool."""
+    from minisgl.core import Req, SamplingParams
+    from minisgl.kvcache.base import BaseCacheHandle
+
+    ids_t = torch.tensor(list(ids), dtype=torch.int32)
+    return Req(ids_t, row, cached_len, uid, SamplingParams(max_tokens=max_tokens, **sp), BaseCacheHandle(cached_len))
+
+
+def map_rows(page_table: torch.Tensor, page_size: int, reqs, lengths: Sequence[int], seed: int = 0) -> None:
+    """Give each request's row `lengths[i]` positions on distinct, shuffled pages (never page 0, so
+    a wrong slot cannot pass by reading zeros), the way the cache manager scatters KV."""
+    gen = torch.Generator().manual_seed(seed)
+    pages_needed = [-(-n // page_size) for n in lengths]
+    pages = torch.randperm(sum(pages_needed) * 3, generator=gen)[: sum(pages_needed)] + 1
+    at = 0
+    for req, n, k in zip(reqs, lengths, pages_needed):
+        mine = pages[at : at + k]
+        at += k
+        slots = (mine[:, None] * page_size + torch.arange(page_size)).flatten()[:n]
+        page_table[req.table_idx, :n] = slots.to(torch.int32)
+
+
+def fill_batch(batch, page_table: torch.Tensor) -> None:
+    """Flat tensors of a batch from the requests' host tokens and the page table."""
+    reqs = batch.reqs
+    pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
+    rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in reqs])
+    lens = torch.tensor([r.extend_len for r in reqs])
+    batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]).to(torch.int32)
+    batch.positions = pos
+    batch.out_loc = page_table[rows, pos].long()
+    batch.last_indices = torch.cumsum(lens, 0) - 1
+    batch.padded_size = batch.size
+
+
+def engine_logits(engine, reqs, phase: str) -> torch.Tensor:
+    """Run one forward pass of `engine` on `reqs` and return `[bs, vocab]` logits (the ledgers move on)."""
+    from minisgl.core import Batch, set_global_ctx
+
+    batch = Batch(reqs=list(reqs), phase=phase)  # type: ignore[arg-type]
+    fill_batch(batch, engine.page_table)
+    set_global_ctx(engine.ctx)
+    engine.attn_backend.prepare_metadata(batch)
+    with engine.ctx.forward_batch(batch):
+        logits = engine.model.forward()
+    for r in reqs:
+        r.complete_one()
+    return logits
+
+
+def build_engine(path: Path, **overrides):
+    from minisgl.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(model_path=str(path), **small_engine_kwargs(**overrides)))
