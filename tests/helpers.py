@@ -176,12 +176,13 @@ def make_req(ids: Sequence[int], row: int, cached_len: int = 0, max_tokens: int 
     return Req(ids_t, row, cached_len, uid, SamplingParams(max_tokens=max_tokens, **sp), BaseCacheHandle(cached_len))
 
 
-def map_rows(page_table: torch.Tensor, page_size: int, reqs, lengths: Sequence[int], seed: int = 0) -> None:
-    """Give each request's row `lengths[i]` positions on distinct, shuffled pages (never page 0, so
-    a wrong slot cannot pass by reading zeros), the way the cache manager scatters KV."""
+def map_rows(page_table: torch.Tensor, page_size: int, reqs, lengths: Sequence[int], num_pages: int, seed: int = 0) -> None:
+    """Give each request's row `lengths[i]` positions on distinct, shuffled pages among pages
+    1..num_pages-1 (so KV is scattered the way the cache manager scatters it)."""
     gen = torch.Generator().manual_seed(seed)
     pages_needed = [-(-n // page_size) for n in lengths]
-    pages = torch.randperm(sum(pages_needed) * 3, generator=gen)[: sum(pages_needed)] + 1
+    assert sum(pages_needed) < num_pages, "not enough pages for these requests"
+    pages = torch.randperm(num_pages - 1, generator=gen)[: sum(pages_needed)] + 1
     at = 0
     for req, n, k in zip(reqs, lengths, pages_needed):
         mine = pages[at : at + k]

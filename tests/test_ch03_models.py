@@ -126,7 +126,7 @@ def test_decoder_layer_matches_transformers_layer(path):
     ref = ref[0] if isinstance(ref, tuple) else ref
 
     req = make_req(list(range(n)), row=0)
-    map_rows(engine.page_table, engine.page_size, [req], [n])
+    map_rows(engine.page_table, engine.page_size, [req], [n], engine.num_pages)
     batch = Batch(reqs=[req], phase="prefill")
 
     fill_batch(batch, engine.page_table)
