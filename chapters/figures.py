@@ -1,0 +1,430 @@
+"""Figures and small measurements for chapters 06-11.
+
+Everything here draws or times the engine; nothing here is engine logic. Engine modules are
+imported inside the functions, so a chapter's staged package only needs what that chapter uses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
+
+PREFILL, CHUNK, DECODE = "#f28e2b", "#ffd8a8", "#4e79a7"
+FREE, CACHED, LOCKED = "#e6e6e6", "#59a14f", "#e15759"
+PALETTE = ["#4e79a7", "#f28e2b", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#af7aa1", "#86bcb6"]
+
+
+# ---- text tables ------------------------------------------------------------------------------
+def table(rows: Sequence[Dict[str, object]], columns: Optional[Sequence[str]] = None) -> str:
+    """A fixed-width text table (stable, so a notebook can check it verbatim)."""
+    columns = list(columns or rows[0].keys())
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def trace_lines(trace) -> str:
+    """One line per launched batch, as the scheduler recorded it in `StepTrace`s."""
+    out = []
+    for t in trace:
+        detail = ", ".join(f"uid{u}:{n}" for u, n in zip(t.uids, t.extend_lens))
+        out.append(f"{t.phase:<7} bs={len(t.uids)}  tokens={sum(t.extend_lens):<4} [{detail}]")
+    return "\n".join(out)
+
+
+# ---- chapter 06: sampling ---------------------------------------------------------------------
+def kept_distribution(logits, temperature: float, top_k: int, top_p: float):
+    """The distribution a top-k / top-p sampler draws from, written plainly (for the picture)."""
+    import torch
+
+    probs = torch.softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    sorted_p, order = probs.sort(descending=True)
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    if top_k > 0:
+        keep[top_k:] = False
+    keep &= (sorted_p.cumsum(0) - sorted_p) <= top_p
+    kept = torch.zeros_like(probs).scatter_(0, order, sorted_p * keep)
+    return probs, kept / kept.sum()
+
+
+def sampling_filters_figure(logits, decode: Callable[[int], str], temperature=0.8, top_k=5, top_p=0.8,
+                            counts=None, n_show: int = 12):
+    """Bars of the next-token distribution: raw, with temperature, after top-k, after top-p.
+    `counts` (token id -> times drawn by the engine's sampler) adds measured frequencies."""
+    import torch
+
+    raw, _ = kept_distribution(logits, 1.0, -1, 1.0)
+    panels = [
+        ("softmax(logits)", raw),
+        (f"temperature {temperature}", kept_distribution(logits, temperature, -1, 1.0)[1]),
+        (f"+ top_k={top_k}", kept_distribution(logits, temperature, top_k, 1.0)[1]),
+        (f"+ top_p={top_p}", kept_distribution(logits, temperature, top_k, top_p)[1]),
+    ]
+    ids = torch.argsort(raw, descending=True)[:n_show].tolist()
+    labels = [repr(decode(i))[1:-1] or "?" for i in ids]
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.3), sharey=True)
+    for ax, (title, p) in zip(axes, panels):
+        vals = [float(p[i]) for i in ids]
+        ax.bar(range(n_show), vals, color=[DECODE if v > 0 else FREE for v in vals])
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(n_show), labels, rotation=70, fontsize=8)
+    if counts is not None:
+        total = sum(counts.values())
+        axes[-1].plot(range(n_show), [counts.get(i, 0) / total for i in ids], "o", color=PREFILL,
+                      label=f"engine sampler, {total} seeds")
+        axes[-1].legend(fontsize=8)
+    axes[0].set_ylabel("probability")
+    fig.tight_layout()
+    return fig
+
+
+# ---- chapter 07 / 10 / 11: who ran in which step ----------------------------------------------
+def schedule_timeline(trace, title: str = "", ax=None, label_uid: Callable[[int], str] = lambda u: f"uid{u}"):
+    """A step-by-request grid: orange = prefill (pale: a chunk of a prompt), blue = decode.
+    The number in a prefill cell is how many prompt tokens that step computed."""
+    uids = sorted({u for t in trace for u in t.uids})
+    row = {u: i for i, u in enumerate(uids)}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6, 0.45 * len(trace) + 2), 0.45 * len(uids) + 1.4))
+    for t in trace:
+        for u, n, c in zip(t.uids, t.extend_lens, t.cached_lens):
+            prefill = t.phase == "prefill"
+            color = (CHUNK if (c > 0 or n == 0) and prefill else PREFILL) if prefill else DECODE
+            ax.add_patch(Rectangle((t.step, row[u] - 0.4), 0.92, 0.8, color=color))
+            if prefill:
+                ax.text(t.step + 0.46, row[u], str(n), ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.2, max(t.step for t in trace) + 1.1)
+    ax.set_ylim(len(uids) - 0.4, -0.6)
+    ax.set_yticks(range(len(uids)), [label_uid(u) for u in uids])
+    ax.set_xlabel("step (one launched batch each)")
+    ax.legend(handles=[Patch(color=PREFILL, label="prefill"), Patch(color=CHUNK, label="prefill chunk"),
+                       Patch(color=DECODE, label="decode")], loc="upper right", fontsize=8, ncol=3,
+              bbox_to_anchor=(1, 1.25))
+    ax.set_title(title, fontsize=10, loc="left")
+    return ax
+
+
+# ---- chapter 07: the ledger of one request -----------------------------------------------------
+def record_ledger(sched, uid: int) -> List[Dict[str, object]]:
+    """Wrap the scheduler's forward and result handling to snapshot request `uid`'s ledger at
+    each point where it moves. Returns the (growing) list of rows."""
+    rows: List[Dict[str, object]] = []
+
+    def snap(when: str, req) -> None:
+        rows.append(dict(when=when, cached_len=req.cached_len, device_len=req.device_len,
+                         max_device_len=req.max_device_len, extend_len=req.extend_len,
+                         remain_len=req.remain_len, host_tokens=len(req.input_ids)))
+
+    forward, process = sched.engine.forward_batch, sched.process_results
+
+    def forward_batch(batch, args):
+        mine = [r for r in batch.reqs if r.uid == uid]
+        for r in mine:
+            snap(f"{batch.phase}: before forward", r)
+        out = forward(batch, args)
+        for r in mine:
+            snap("  after complete_one", r)
+        return out
+
+    def process_results(result):
+        process(result)
+        for r in result.batch.reqs:
+            if r.uid == uid:
+                snap("  after append_host" + (f" ({r.finish_reason})" if r.finished else ""), r)
+
+    sched.engine.forward_batch, sched.process_results = forward_batch, process_results
+    return rows
+
+
+# ---- chapter 08: page table and KV pool occupancy ----------------------------------------------
+def occupancy_figure(sched, title: str = "", max_cols: Optional[int] = None):
+    """Left: each live request's page-table row, one cell per position, coloured by the page it
+    points to's owner. Right: every page of the KV pool: free, held by a request, or cached."""
+    import numpy as np
+
+    cache, ps = sched.cache, sched.cache.page_size
+    owner = np.full(cache.num_pages, -1)  # -1 free, -2 prefix cache, else uid
+    for p in cache.prefix_cache.all_indices().cpu().long()[::ps] // ps:
+        owner[int(p)] = -2
+    live = sorted(sched.live.values(), key=lambda r: r.uid)
+    for r in live:
+        start, end = r.cache_handle.cached_len, cache.owned_pages(r, ps) * ps
+        for p in sched.engine.page_table[r.table_idx, start:end].cpu().long()[::ps] // ps:
+            owner[int(p)] = r.uid
+    colour = lambda o: FREE if o == -1 else CACHED if o == -2 else PALETTE[o % len(PALETTE)]  # noqa: E731
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 0.5 * max(len(live), 3) + 1.6), gridspec_kw=dict(width_ratios=[3, 2]))
+    cols = max_cols or max([cache.owned_pages(r, ps) * ps for r in live] + [ps])
+    for i, r in enumerate(live):
+        slots = sched.engine.page_table[r.table_idx, : cache.owned_pages(r, ps) * ps].cpu().long()
+        for pos, s in enumerate(slots[:cols].tolist()):
+            o = owner[s // ps]
+            a.add_patch(Rectangle((pos, i - 0.4), 0.95, 0.8, color=colour(o)))
+            if pos % ps == 0 and cols <= 64:
+                a.text(pos + 0.45 * ps, i, str(s // ps), ha="center", va="center", fontsize=6)
+        a.plot([r.cached_len, r.cached_len], [i - 0.45, i + 0.45], color="black", lw=1.5)
+    a.set_xlim(0, cols)
+    a.set_ylim(max(len(live), 1) - 0.4, -0.6)
+    a.set_yticks(range(len(live)), [f"uid{r.uid} (row {r.table_idx})" for r in live])
+    a.set_xlabel("position (number: page id; black bar: cached_len)")
+    a.set_title("page table rows of live requests", fontsize=10, loc="left")
+    width = int(np.ceil(np.sqrt(cache.num_pages * 2)))
+    for p in range(cache.num_pages):
+        b.add_patch(Rectangle((p % width, p // width), 0.92, 0.92, color=colour(owner[p])))
+    b.set_xlim(0, width)
+    b.set_ylim(cache.num_pages // width + 1, 0)
+    b.set_xticks([])
+    b.set_yticks([])
+    counts = {"free": int((owner == -1).sum()), "prefix cache": int((owner == -2).sum())}
+    b.set_title(f"KV pool: {cache.num_pages} pages of {ps} slots  " + ", ".join(f"{k} {v}" for k, v in counts.items()),
+                fontsize=9, loc="left")
+    handles = [Patch(color=FREE, label="free"), Patch(color=CACHED, label="prefix cache")]
+    handles += [Patch(color=colour(r.uid), label=f"uid{r.uid}") for r in live]
+    b.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+# ---- chapter 09: radix tree ---------------------------------------------------------------------
+def _layout(root) -> Dict[int, tuple]:
+    """x by leaf order, y by depth; returns id(node) -> (x, y, node)."""
+    pos: Dict[int, tuple] = {}
+    nxt = [0]
+
+    def visit(node, depth: int) -> float:
+        kids = sorted(node.children.values(), key=lambda c: c.key.tolist())
+        if not kids:
+            x = nxt[0]
+            nxt[0] += 1
+        else:
+            xs = [visit(k, depth + 1) for k in kids]
+            x = sum(xs) / len(xs)
+        pos[id(node)] = (x, depth, node)
+        return x
+
+    visit(root, 0)
+    return pos
+
+
+def draw_radix_tree(cache, decode: Callable[[List[int]], str], ax=None, title: str = "",
+                    mark: Optional[Dict[int, str]] = None, width: int = 18):
+    """Draw a `RadixPrefixCache`: one box per edge (its tokens as text), `ref` = lock count,
+    `t` = last access tick. Green: evictable; red: locked. `mark` maps id(node) -> a note."""
+    pos = _layout(cache.root)
+    if ax is None:
+        n_leaves = max(1, sum(1 for _, _, n in pos.values() if not n.children))
+        depth = max(d for _, d, _ in pos.values())
+        _, ax = plt.subplots(figsize=(max(4, 2.6 * n_leaves), 1.25 * (depth + 1) + 0.3))
+    for x, y, node in pos.values():
+        if node.parent is not None:
+            px, py, _ = pos[id(node.parent)]
+            ax.plot([px, x], [py, y], color="#999999", lw=1, zorder=1)
+    for x, y, node in pos.values():
+        if node.parent is None:
+            ax.text(x, y, "root", ha="center", va="center", fontsize=8,
+                    bbox=dict(boxstyle="round", fc="white", ec="#999999"))
+            continue
+        text = decode(node.key.tolist()).replace("\n", "\\n")
+        text = text if len(text) <= width else text[: width - 1] + "…"
+        note = (mark or {}).get(id(node), "")
+        label = f"{text!r}\n{len(node)} tok, ref={node.ref_count}, t={node.last_access}" + (f"\n{note}" if note else "")
+        ax.text(x, y, label, ha="center", va="center", fontsize=7.5, zorder=2,
+                bbox=dict(boxstyle="round", fc=LOCKED if node.ref_count else CACHED, alpha=0.35,
+                          ec="black" if note else "none"))
+    xs = [x for x, _, _ in pos.values()]
+    ax.set_xlim(min(xs) - 0.7, max(xs) + 0.7)
+    ax.set_ylim(max(y for _, y, _ in pos.values()) + 0.6, -0.5)
+    ax.axis("off")
+    ax.set_title(title, fontsize=10, loc="left")
+    return ax
+
+
+def radix_trees(steps, decode, figsize=None):
+    """Draw several (title, cache-snapshot) pairs side by side."""
+    fig, axes = plt.subplots(1, len(steps), figsize=figsize or (5.2 * len(steps), 3.4))
+    for ax, (title, snapshot, mark) in zip(axes if len(steps) > 1 else [axes], steps):
+        draw_radix_tree(snapshot, decode, ax=ax, title=title, mark=mark)
+    fig.tight_layout()
+    return fig
+
+
+def radix_explorer(tokenizer, initial: Sequence[str] = ()):
+    """Type a prompt, press a button, and watch a radix cache (page size 1, fake slots) change."""
+    import ipywidgets as w
+    import torch
+    from IPython.display import display
+    from minisgl.kvcache import RadixPrefixCache
+
+    cache = RadixPrefixCache(page_size=1, device=torch.device("cpu"))
+    state = {"next_slot": 0, "locks": []}
+    text = w.Text(value="", placeholder="type a prompt", layout=w.Layout(width="420px"))
+    buttons = {name: w.Button(description=name, layout=w.Layout(width="90px")) for name in ("insert", "match", "lock", "unlock all", "evict 4")}
+    log, out = w.HTML(), w.Output()
+    decode = lambda ids: tokenizer.decode(ids)  # noqa: E731
+
+    def ids() -> torch.Tensor:
+        return torch.tensor(tokenizer.encode(text.value), dtype=torch.int32)
+
+    def redraw(msg: str) -> None:
+        log.value = f"<code>{msg}</code>"
+        out.clear_output(wait=True)
+        with out:
+            fig, ax = plt.subplots(figsize=(9, 3.2))
+            draw_radix_tree(cache, decode, ax=ax, title=f"cached {cache.size} tokens, evictable {cache.evictable_size}")
+            display(fig)
+            plt.close(fig)
+
+    def insert(_=None) -> None:
+        t = ids()
+        slots = torch.arange(state["next_slot"], state["next_slot"] + len(t), dtype=torch.int32)
+        state["next_slot"] += len(t)
+        had = cache.insert_prefix(t, slots)
+        redraw(f"insert {len(t)} tokens: {had} were already cached, {len(t) - had} new")
+
+    def match(_=None) -> None:
+        m = cache.match_prefix(ids())
+        redraw(f"match: {m.handle.cached_len} of {len(ids())} tokens hit, slots {m.indices.tolist()[:12]}")
+
+    def lock(_=None) -> None:
+        m = cache.match_prefix(ids())
+        cache.lock_handle(m.handle)
+        state["locks"].append(m.handle)
+        redraw(f"locked a {m.handle.cached_len}-token prefix (it cannot be evicted now)")
+
+    def unlock(_=None) -> None:
+        for h in state["locks"]:
+            cache.lock_handle(h, unlock=True)
+        n, state["locks"] = len(state["locks"]), []
+        redraw(f"released {n} locks")
+
+    def evict(_=None) -> None:
+        freed = cache.evict(4)
+        redraw(f"evicted {len(freed)} slots (least recently used unlocked leaves first)")
+
+    for name, fn in zip(buttons, (insert, match, lock, unlock, evict)):
+        buttons[name].on_click(fn)
+    for p in initial:
+        text.value = p
+        insert()
+    text.value = ""
+    redraw(f"{len(initial)} prompts inserted; type one and press a button")
+    return w.VBox([w.HBox([text, *buttons.values()]), log, out])
+
+
+# ---- chapter 10: latency under a mixed workload -------------------------------------------------
+@dataclass
+class TokenLog:
+    """When each request received each token (perf_counter seconds)."""
+
+    added: Dict[int, float] = field(default_factory=dict)
+    times: Dict[int, List[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def ttft(self, uid: int) -> float:
+        return self.times[uid][0] - self.added[uid]
+
+    def gaps(self, uid: int) -> List[float]:
+        t = self.times[uid]
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+def run_mixed(sched, short_prompts, long_prompt, short_tokens: int, long_tokens: int, arrive_after: int) -> TokenLog:
+    """Short requests decode; after `arrive_after` steps a long prompt arrives. Logs token times."""
+    from minisgl.core import SamplingParams
+
+    log = TokenLog()
+    sched.on_token = lambda req, tok, reason: tok is not None and log.times[req.uid].append(time.perf_counter())
+    for p in short_prompts:
+        log.added[sched.add_request(p, SamplingParams(max_tokens=short_tokens, ignore_eos=True))] = time.perf_counter()
+    for _ in range(arrive_after):
+        sched.step()
+    log.added[sched.add_request(long_prompt, SamplingParams(max_tokens=long_tokens, ignore_eos=True))] = time.perf_counter()
+    while not sched.is_idle:
+        sched.step()
+    del sched.on_token
+    return log
+
+
+# ---- chapter 11: CPU work against device work ---------------------------------------------------
+def time_phases(sched) -> List[tuple]:
+    """Wrap the scheduler so every phase of a step records (name, start, end)."""
+    events: List[tuple] = []
+
+    def timed(name, fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            events.append((name, t0, time.perf_counter()))
+            return out
+
+        return run
+
+    sched.schedule_next_batch = timed("schedule", sched.schedule_next_batch)
+    sched.prepare = timed("prepare", sched.prepare)
+    sched.engine.forward_batch = timed("forward", sched.engine.forward_batch)
+    sched.process_results = timed("process", sched.process_results)
+    return events
+
+
+def emulated_timelines(events: List[tuple]):
+    """Lay the measured phase durations out twice: as the normal loop runs them (CPU and device
+    take turns) and as the overlap loop would on a GPU (the CPU plans step N+1 and reads step N
+    while the device computes). Returns the figure and the two total times."""
+    per_step: List[Dict[str, float]] = []
+    cur: Dict[str, float] = defaultdict(float)
+    for name, t0, t1 in events:
+        if name == "schedule" and "forward" in cur:
+            per_step.append(dict(cur))
+            cur = defaultdict(float)
+        cur[name] += t1 - t0
+    per_step.append(dict(cur))
+    per_step = [s for s in per_step if "forward" in s]
+    cpu_before = [s.get("schedule", 0) + s.get("prepare", 0) for s in per_step]
+    fwd = [s["forward"] for s in per_step]
+    proc = [s.get("process", 0) for s in per_step]
+
+    normal = {"cpu": [], "gpu": []}
+    t = 0.0
+    for a, f, p in zip(cpu_before, fwd, proc):
+        normal["cpu"].append((t, a, "plan"))
+        normal["gpu"].append((t + a, f, "forward"))
+        normal["cpu"].append((t + a + f, p, "read"))
+        t += a + f + p
+    normal_total = t
+
+    overlap = {"cpu": [], "gpu": []}
+    cpu_t, gpu_free = 0.0, 0.0
+    for i, (a, f) in enumerate(zip(cpu_before, fwd)):
+        overlap["cpu"].append((cpu_t, a, "plan"))
+        start = max(cpu_t + a, gpu_free)  # the launch is queued; the device runs it when free
+        overlap["gpu"].append((start, f, "forward"))
+        gpu_free = start + f
+        cpu_t += a
+        if i > 0:  # read step i-1 while step i computes: wait for i-1 to be done first
+            begin = max(cpu_t, overlap["gpu"][i - 1][0] + overlap["gpu"][i - 1][1])
+            overlap["cpu"].append((begin, proc[i - 1], "read"))
+            cpu_t = begin + proc[i - 1]
+    begin = max(cpu_t, gpu_free)
+    overlap["cpu"].append((begin, proc[-1], "read"))
+    overlap_total = begin + proc[-1]
+
+    colours = {"plan": "#76b7b2", "forward": DECODE, "read": PREFILL}
+    fig, axes = plt.subplots(2, 1, figsize=(13, 3.4), sharex=True)
+    for ax, (name, lanes, total) in zip(axes, [("normal loop", normal, normal_total), ("overlap loop", overlap, overlap_total)]):
+        for y, lane in enumerate(("cpu", "gpu")):
+            for i, (s, d, kind) in enumerate(lanes[lane]):
+                ax.add_patch(Rectangle((s * 1e3, y - 0.35), d * 1e3, 0.7, color=colours[kind], ec="white", lw=0.5))
+        ax.set_yticks([0, 1], ["CPU", "device"])
+        ax.set_ylim(1.6, -0.6)
+        ax.set_title(f"{name}: {total * 1e3:.0f} ms for {len(fwd)} steps", fontsize=10, loc="left")
+    axes[-1].set_xlabel("ms (phase durations measured on the CPU, laid out as a GPU would run them)")
+    axes[-1].set_xlim(0, max(normal_total, overlap_total) * 1e3 * 1.01)
+    axes[0].legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], fontsize=8, ncol=3,
+                   loc="upper right", bbox_to_anchor=(1, 1.45))
+    fig.tight_layout()
+    return fig, normal_total, overlap_total
