@@ -10,6 +10,7 @@ import torch
 
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.distributed.comm import min_over_ranks
 from minisgl.distributed.info import TPInfo, set_tp_info
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
@@ -42,7 +43,8 @@ class Engine:
         self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
         self.page_size = config.page_size
         qkv = self.model.model.layers[0].self_attn.qkv_proj
-        num_pages = self._num_pages(qkv.num_kv_heads, qkv.head_dim)
+        # ranks may see different free memory; they must agree on one pool size
+        num_pages = min_over_ranks(self._num_pages(qkv.num_kv_heads, qkv.head_dim), self.device)
         # one extra page at the end takes the KV writes of padding (dummy) requests
         self.kv_cache = MHAKVCache(self.model_config.num_layers, num_pages + 1, self.page_size, qkv.num_kv_heads, qkv.head_dim, self.dtype, self.device)
         self.num_pages = num_pages

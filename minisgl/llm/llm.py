@@ -11,6 +11,8 @@ from minisgl.core import Req, SamplingParams
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
+from .tp import TensorParallelMixin
+
 Prompt = Union[str, Sequence[int]]
 
 
@@ -24,11 +26,14 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
 
 
-class LLM(Scheduler):
+class LLM(TensorParallelMixin, Scheduler):
     """Generate text offline.
 
     >>> llm = LLM()                                     # the bundled model
     >>> llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].text
+
+    With `tp_size=N` the model is split over N processes (this one is rank 0); call
+    `llm.shutdown()` to stop them (they also stop when this object is collected or at exit).
     """
 
     def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None, **engine_kwargs):

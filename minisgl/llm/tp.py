@@ -1,0 +1,169 @@
+"""Tensor parallelism for the scheduler: rank 0 leads, ranks 1..N-1 mirror it.
+
+Design: every rank runs its own, identical scheduler. Only rank 0 hears from the user; before
+each step it sends the other ranks the requests added or aborted since the last step, then all
+ranks step together. Scheduling is deterministic (FCFS admission, decode set sorted by uid, KV
+pool sizes agreed with a min over ranks, seeds sent explicitly), and every rank sees the same
+logits (the LM head is all-gathered) and samples with the same hash of (seed, position), so all
+ranks make the same decisions without shipping batches or tokens around. That is the whole
+protocol: one small pipe message per step. To catch a broken assumption early, each rank folds
+the tokens it samples into a checksum, and rank 0 compares checksums whenever it goes idle.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+import zlib
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.distributed.group import destroy_tp_group, host_store, init_tp_group, join_store, wait_for_ranks
+from minisgl.distributed.launch import RankFailedError, RankProcesses, rank_device, report_error
+from minisgl.distributed.split import check_tp_split
+from minisgl.models import ModelConfig
+from minisgl.scheduler import ForwardResult, Scheduler, SchedulerConfig
+
+READY_TIMEOUT_S = 600.0  # building a large model on a slow disk can take minutes
+
+Command = Tuple[Any, ...]  # ("add", ids, params, uid) | ("abort", uid)
+
+
+def rank_config(config: SchedulerConfig, rank: int) -> SchedulerConfig:
+    engine = config.engine
+    return replace(config, engine=replace(engine, tp_rank=rank, device=rank_device(engine.device, rank)))
+
+
+class TensorParallelMixin:
+    """Put in front of `Scheduler` in a class's bases. With `tp_size == 1` it does nothing; on
+    rank 0 of a larger group it starts the other ranks and mirrors requests to them."""
+
+    def __init__(self, config: SchedulerConfig):
+        self._workers: Optional[RankProcesses] = None
+        self._commands: List[Command] = []
+        self._checksum = 0
+        self._tp_size = config.engine.tp_size
+        if self._tp_size == 1 or config.engine.tp_rank != 0:
+            super().__init__(config)  # a single rank, or a follower built by `follower_main`
+            return
+        check_tp_split(ModelConfig.from_dir(config.engine.model_path), self._tp_size)
+        config = rank_config(config, 0)
+        store = self._store = host_store()  # the group keeps using it after the rendezvous
+        workers = RankProcesses.spawn(range(1, self._tp_size), self._tp_size, follower_main, (config, store.port))
+        self._finalizer = weakref.finalize(self, _stop, workers)
+        try:
+            wait_for_ranks(store, range(1, self._tp_size), workers.raise_if_dead)
+            init_tp_group(0, self._tp_size, store, config.engine.torch_device)
+            super().__init__(config)  # the engine agrees on the KV pool size with the others
+            workers.recv_all("ready", READY_TIMEOUT_S)
+        except BaseException as e:
+            detail = workers.errors()
+            self._finalizer()
+            if detail and not isinstance(e, RankFailedError):
+                raise RankFailedError(f"starting tensor-parallel ranks failed{detail}") from e
+            raise
+        self._workers = workers
+
+    # ---- mirrored inputs ----------------------------------------------------------------------
+    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
+        uid = super().add_request(input_ids, params, uid)
+        if self._workers is not None:
+            pending = self.prefill.pending[-1]
+            assert pending.uid == uid
+            # the seed drawn here goes along, so followers need not draw the same one
+            self._commands.append(("add", pending.input_ids.tolist(), replace(params, seed=pending.seed), uid))
+        return uid
+
+    def abort_request(self, uid: int) -> None:
+        super().abort_request(uid)
+        if self._workers is not None:
+            self._commands.append(("abort", uid))
+
+    def step(self) -> None:
+        if self._workers is None:
+            if self._tp_size > 1 and self.config.engine.tp_rank == 0:
+                raise RankFailedError("this tensor-parallel LLM was shut down; create a new one")
+            return super().step()
+        commands, self._commands = self._commands, []
+        try:
+            self._workers.send_all(("step", commands))
+            super().step()
+            if self.is_idle:
+                self._check_agreement()
+        except BaseException as e:
+            detail = self._workers.errors()
+            self.shutdown()
+            if isinstance(e, RankFailedError) or not detail:
+                raise
+            raise RankFailedError(f"a tensor-parallel step failed{detail}") from e
+
+    def process_results(self, result: ForwardResult) -> None:
+        super().process_results(result)
+        if self._tp_size > 1:
+            tokens = result.next_tokens.to(torch.int32).numpy().tobytes()
+            self._checksum = zlib.crc32(tokens, self._checksum)
+
+    def _check_agreement(self) -> None:
+        self._workers.send_all(("checksum", None))
+        theirs = self._workers.recv_all("checksum", READY_TIMEOUT_S)
+        if any(c != self._checksum for c in theirs):
+            raise RankFailedError(
+                f"tensor-parallel ranks sampled different tokens (checksums {[self._checksum, *theirs]}): "
+                "their schedulers or logits diverged"
+            )
+
+    def shutdown(self) -> None:
+        """Stop the other ranks and leave the process group (idempotent)."""
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            self._finalizer()
+
+
+def _stop(workers: RankProcesses) -> None:
+    workers.shutdown()
+    destroy_tp_group()
+
+
+class _Follower(TensorParallelMixin, Scheduler):
+    """A rank > 0: a plain scheduler whose tokens go nowhere (rank 0 reports them)."""
+
+    def apply(self, command: Command) -> None:
+        if command[0] == "add":
+            _, ids, params, uid = command
+            self.add_request(ids, params, uid)
+        elif command[0] == "abort":
+            self.abort_request(command[1])
+        else:
+            raise ValueError(f"unknown command {command[0]!r}")
+
+
+def follower_main(rank: int, size: int, conn: Connection, config: SchedulerConfig, port: int) -> None:
+    """Body of rank `rank`'s process: join the group, build the scheduler, obey rank 0."""
+    try:
+        config = rank_config(config, rank)
+        device = config.engine.torch_device
+        if device.type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # ranks share the cores
+        init_tp_group(rank, size, join_store(port), device)
+        scheduler = _Follower(config)
+        conn.send(("ready", None))
+        while True:
+            kind, payload = conn.recv()
+            if kind == "shutdown":
+                break
+            if kind == "step":
+                for command in payload:
+                    scheduler.apply(command)
+                scheduler.step()
+            elif kind == "checksum":
+                conn.send(("checksum", scheduler._checksum))
+    except EOFError:
+        pass  # rank 0 is gone: nothing left to serve
+    except BaseException:
+        report_error(conn)
+    finally:
+        destroy_tp_group()
