@@ -58,6 +58,8 @@ class LinearQKVMerged(_Linear):
         tp = get_tp_info().size
         if num_q_heads % tp != 0:
             raise ValueError(f"{num_q_heads} attention heads cannot be split over {tp} ranks")
+        if num_kv_heads % tp and tp % num_kv_heads:
+            raise ValueError(f"{num_kv_heads} KV heads neither split over nor replicate evenly onto {tp} ranks")
         self.head_dim = head_dim
         self.num_q_heads = num_q_heads // tp
         self.num_kv_heads = div_ceil(num_kv_heads, tp)
