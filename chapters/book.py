@@ -1,0 +1,242 @@
+"""Helpers every chapter notebook uses.
+
+    import book
+    book.setup_chapter(4)          # `minisgl` is now the package as of chapter 4
+    book.show("minisgl.core:Req")  # engine code is shown from the package, never pasted
+    book.files_added(4)            # the tree of files, new ones marked
+
+Notebooks run with chapters/ as their working directory, so `import book` finds this file.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+_CHAPTER: Optional[int] = None
+
+
+def _stages_module():
+    """tools/stages.py, loaded by path (tools/ is not a package)."""
+    name = "_minisgl_stages"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "stages.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _purge_minisgl() -> None:
+    for name in [m for m in sys.modules if m == "minisgl" or m.startswith("minisgl.")]:
+        del sys.modules[name]
+
+
+def setup_chapter(n: int, quiet: bool = False) -> Path:
+    """Make `import minisgl` give the package as of chapter n (built into .stages/ if stale).
+
+    Modules of `minisgl` already imported in this kernel are dropped, so re-running a notebook
+    after switching chapters never mixes two stages.
+    """
+    global _CHAPTER
+    stages = _stages_module()
+    stage = stages.build(n)
+    _purge_minisgl()
+    stages.isolate_finders()
+    stage_root = str(REPO / ".stages")
+    sys.path[:] = [p for p in sys.path if not p.startswith(stage_root)]
+    sys.path.insert(0, str(stage))
+    _CHAPTER = n
+    small_llm.cache_clear()
+    import torch
+
+    torch.manual_seed(0)
+    # two threads give the same numbers on every machine CI might use, and are not slower here
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    if not quiet:
+        total, new, _ = stages.summary(n)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}")
+    return stage
+
+
+def chapter() -> int:
+    if _CHAPTER is None:
+        raise RuntimeError("call book.setup_chapter(n) first")
+    return _CHAPTER
+
+
+# ---------------------------------------------------------------------------------------------
+# showing source
+
+
+@dataclass(frozen=True)
+class Source:
+    """A piece of the package's source: displays highlighted, compares as plain text."""
+
+    path: str  # "minisgl/core.py"
+    first: int
+    last: int
+    text: str
+    target: str
+    chapter: int
+
+    @property
+    def caption(self) -> str:
+        return f"{self.path}:{self.first}-{self.last}"
+
+    def __repr__(self) -> str:
+        return f"{self.caption}\n{self.text}"
+
+    def _repr_html_(self) -> str:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+
+        code = highlight(self.text, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+        return (
+            '<div class="minisgl-src" style="margin:0.3em 0">'
+            f"{code}"
+            '<div style="font-size:85%;color:#666;margin-top:-0.6em">'
+            f"&mdash; {html.escape(self.caption)}</div></div>"
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        data = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        meta = {"minisgl_show": {"target": self.target, "chapter": self.chapter}}
+        return data, meta
+
+
+def _symbol_span(tree, dotted: str, path: str) -> Tuple[int, int]:
+    import ast
+
+    body = tree.body
+    node = None
+    for part in dotted.split("."):
+        node = None
+        for cand in body:
+            if isinstance(cand, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and cand.name == part:
+                node = cand
+            elif isinstance(cand, (ast.Assign, ast.AnnAssign)):
+                targets = cand.targets if isinstance(cand, ast.Assign) else [cand.target]
+                if any(isinstance(t, ast.Name) and t.id == part for t in targets):
+                    node = cand
+        if node is None:
+            raise LookupError(f"{dotted!r} is not defined in {path}: was it renamed or moved?")
+        body = getattr(node, "body", [])
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return first, node.end_lineno
+
+
+def source(target: str, n: Optional[int] = None) -> Source:
+    """Resolve a target in the package as of chapter n (default: the current chapter).
+
+    Targets: "minisgl.core:Req", "minisgl.core:Req.complete_one", "minisgl/scheduler/table.py"
+    (whole file) or "minisgl/scheduler/table.py:10-20" (a line range).
+    """
+    import ast
+
+    n = chapter() if n is None else n
+    stage = _stages_module().build(n)
+    spec, _, rest = target.partition(":")
+    if spec.endswith(".py"):
+        path = spec
+    else:
+        base = spec.replace(".", "/")
+        path = base + ".py" if (stage / (base + ".py")).is_file() else base + "/__init__.py"
+    file = stage / path
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not in the package as of chapter {n}")
+    lines = file.read_text().splitlines()
+    if not rest:
+        first, last = 1, len(lines)
+    elif re.fullmatch(r"\d+-\d+", rest):
+        first, last = map(int, rest.split("-"))
+        if not 1 <= first <= last <= len(lines):
+            raise ValueError(f"{path} has {len(lines)} lines; {rest} is out of range")
+    else:
+        first, last = _symbol_span(ast.parse(file.read_text()), rest, path)
+    return Source(path, first, last, "\n".join(lines[first - 1 : last]), target, n)
+
+
+def show(target: str) -> Source:
+    """Show engine code by symbol or line range, from the package as of the current chapter."""
+    return source(target)
+
+
+# ---------------------------------------------------------------------------------------------
+# the tree of files
+
+
+class Text(str):
+    """A string that displays as itself (no quotes), for trees and tables."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True)
+class FileTree:
+    chapter: int
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {"text/plain": self.text}, {"minisgl_files_added": {"chapter": self.chapter}}
+
+
+def files_added(n: Optional[int] = None) -> FileTree:
+    """The package as of chapter n: new files and files brought in early are marked."""
+    n = chapter() if n is None else n
+    return FileTree(n, _stages_module().tree(n))
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+
+def default_model_path() -> Path:
+    """The bundled SmolLM2-135M-Instruct (prepared by tools/prepare_models.py), or $MINISGL_MODEL."""
+    override = os.environ.get("MINISGL_MODEL")
+    return Path(override) if override else REPO / "models" / "smollm2-135m-instruct"
+
+
+def model_path(name: str) -> Path:
+    """A prepared model by folder name, e.g. "tiny-llama"."""
+    path = REPO / "models" / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is missing: run `make setup` (or python tools/prepare_models.py)")
+    return path
+
+
+_LLM_DEFAULTS: Dict[str, Any] = dict(max_running_reqs=8, max_seq_len=1024, cpu_kv_budget_gb=0.25)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_llm(chapter_n: int, items: Tuple[Tuple[str, Any], ...]):
+    from minisgl.llm import LLM
+
+    return LLM(str(default_model_path()), **dict(items))
+
+
+def small_llm(**kw: Any):
+    """An `LLM` on the default model with settings that suit a laptop CPU (cached per chapter).
+
+    Keyword arguments go to `EngineConfig` and override the defaults
+    (max_running_reqs=8, max_seq_len=1024, a 0.25 GB KV pool).
+    """
+    items = tuple(sorted({**_LLM_DEFAULTS, **kw}.items()))
+    return _cached_llm(chapter(), items)
+
+
+small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]

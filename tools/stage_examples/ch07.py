@@ -1,0 +1,24 @@
+"""Chapter 7: the offline LLM generates for several requests of different lengths."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import hf_greedy  # noqa: E402
+
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.scheduler import SchedulerConfig
+from minisgl.engine import EngineConfig
+
+path = "models/tiny-llama"
+cfg = SchedulerConfig(engine=EngineConfig(model_path=path, max_running_reqs=4, max_seq_len=128, num_pages=256),
+                      prefix_cache="naive", overlap=False)
+llm = LLM(config=cfg)
+prompts = [[1, 5, 9, 13], [2, 4], [7, 7, 7, 7, 7, 7]]
+lengths = [5, 2, 4]
+outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
+for p, n, o in zip(prompts, lengths, outs):
+    assert o.token_ids == hf_greedy(path, p, n), (p, o.token_ids)
+llm.assert_all_free()
+print([o.token_ids for o in outs])
