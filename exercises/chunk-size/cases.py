@@ -1,0 +1,97 @@
+"""Cases for chunk-size: prefill schedules of long prompts under small budgets; TTFT in steps."""
+
+import random
+
+from judge import harness
+from judge.api import E2E, Exercise, Obs, Replace, case
+from minisgl.core import SamplingParams
+from minisgl.scheduler.prefill import PrefillManager
+
+EXERCISE = Exercise(
+    id="chunk-size",
+    chapter=10,
+    title="Chunked prefill: continue_chunk and the prefill schedule",
+    difficulty=2,
+    replaces=(
+        Replace("minisgl.scheduler.prefill", "PrefillAdder.continue_chunk"),
+        Replace("minisgl.scheduler.prefill", "PrefillManager.schedule_next_batch"),
+    ),
+)
+
+
+def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 256, arrivals=None, max_steps: int = 60) -> None:
+    """Prefill-only scheduling without a model: every batch is allocated and launched at once."""
+    table, cache = harness.managers(rows=rows, num_pages=num_pages, max_seq_len=256)
+    pm = PrefillManager(table, cache, budget)
+    arrivals = arrivals or [0] * len(prompts)
+    live = []
+    for step in range(max_steps):
+        for uid, (ids, at) in enumerate(zip(prompts, arrivals)):
+            if at == step:
+                pm.add(harness.pending(uid, ids, 2))
+        reserved = sum(cache.pages_to_finish(r) for r in live)
+        batch = pm.schedule_next_batch(reserved)
+        if batch is None:
+            if not pm.pending and step >= max(arrivals):
+                break
+            obs.eq(f"step {step}: batch", None)
+            continue
+        obs.eq(f"step {step}: (uid, cached_len, extend_len) per request",
+               [[r.uid, r.cached_len, r.extend_len] for r in batch.reqs])
+        obs.eq(f"step {step}: the request left half done", pm.chunked.uid if pm.chunked else None)
+        cache.allocate(batch.reqs)
+        for r in batch.reqs:
+            r.complete_one()
+            if r not in live:
+                live.append(r)
+    obs.eq("prompts fully prefilled", sorted(r.uid for r in live if not r.is_chunk and r.cached_len >= r.prompt_len))
+
+
+@case("short prompts all fit in one batch", hint=1)
+def fits(obs: Obs) -> None:
+    _schedule(obs, 64, [list(range(10, 20)), list(range(30, 35))])
+
+
+@case("one 30-token prompt with a budget of 8", hint=2)
+def one_long(obs: Obs) -> None:
+    _schedule(obs, 8, [list(range(10, 40))])
+
+
+@case("a long prompt, then short ones arriving while it is chunked", hint=3)
+def mixed(obs: Obs) -> None:
+    _schedule(obs, 10, [list(range(10, 35)), [5, 6, 7], list(range(40, 52))], arrivals=[0, 1, 1])
+
+
+@case("random prompts, budgets and arrivals", seeds=4, hint=3)
+def random_runs(obs: Obs, seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 5)
+    prompts = [[rng.randrange(10, 99) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+    budget = rng.randint(1, 24)
+    obs.eq("scenario: budget and prompt lengths", [budget, [len(p) for p in prompts]])
+    _schedule(obs, budget, prompts, rows=rng.randint(1, 4), arrivals=sorted(rng.randint(0, 6) for _ in range(n)))
+
+
+def _ttft(obs: Obs, budget: int) -> None:
+    """Run the engine and record, per request, the step of its first token (TTFT in steps)."""
+    from judge.harness import make_scheduler, run_until_idle, scheduler_config
+
+    prompts = harness.random_prompts(seed=21, n=3, lo=20, hi=40)
+    sched = make_scheduler(scheduler_config(max_extend_tokens=budget))
+    uids = [sched.add_request(p, SamplingParams(max_tokens=4, ignore_eos=True)) for p in prompts]
+    run_until_idle(sched)
+    first = {}
+    for t in sched.trace:
+        for uid, ext, cached in zip(t.uids, t.extend_lens, t.cached_lens):
+            if uid not in first and cached + ext >= len(prompts[uid]):
+                first[uid] = t.step
+    obs.eq(f"budget {budget}: step of each request's first token", [first.get(u) for u in uids])
+    obs.eq(f"budget {budget}: token ids", [sched.outputs[u].tokens for u in uids])
+    harness.record_trace(obs, sched.trace)
+    sched.assert_all_free()
+
+
+@case("tiny-llama: the same prompts with budgets of 8, 32 and 512 tokens", kind=E2E, hint=3)
+def engine(obs: Obs) -> None:
+    for budget in (8, 32, 512):
+        _ttft(obs, budget)

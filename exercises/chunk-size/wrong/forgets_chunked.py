@@ -1,0 +1,33 @@
+"""Wrong: a request cut by the budget is not remembered, so its prompt is never finished."""
+
+from typing import List, Optional
+
+from minisgl.core import Batch, Req
+from minisgl.scheduler.prefill import PrefillAdder as EnginePrefillAdder
+from minisgl.scheduler.prefill import PrefillManager as EnginePrefillManager
+
+
+class PrefillAdder(EnginePrefillAdder):
+    def continue_chunk(self, req: Req) -> Req:
+        req.device_len = req.cached_len + min(req.prompt_len - req.cached_len, self.token_budget)
+        req.check()
+        self.token_budget -= req.extend_len
+        return req
+
+
+class PrefillManager(EnginePrefillManager):
+    def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
+        adder = EnginePrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)
+        reqs: List[Req] = []
+        if self.chunked is not None:  # first: a half-done prompt holds a row and pages already
+            reqs.append(adder.continue_chunk(self.chunked))
+            self.chunked = None
+        while self.pending:
+            req = adder.try_admit(self.pending[0])
+            if req is None:
+                break  # first come, first served: nobody overtakes a request that does not fit
+            self.pending.popleft()
+            reqs.append(req)
+        if not reqs:
+            return None
+        return Batch(reqs=reqs, phase="prefill")
