@@ -1,0 +1,83 @@
+"""Cases for overlap-loop: token events and step traces of the scheduler, with and without overlap."""
+
+import random
+
+from judge import harness
+from judge.api import E2E, Exercise, Obs, Replace, case
+from minisgl.core import SamplingParams
+
+EXERCISE = Exercise(
+    id="overlap-loop",
+    chapter=11,
+    title="The main loop with overlap scheduling",
+    difficulty=3,
+    replaces=(
+        Replace("minisgl.scheduler.scheduler", "Scheduler.step"),
+        Replace("minisgl.scheduler.scheduler", "Scheduler.process_results"),
+    ),
+)
+
+
+def _run(obs: Obs, prompts, params, *, overlap: bool, aborts=None, max_running: int = 8, budget: int = 8192) -> None:
+    """Drive the loop; record every on_token call (step, request, token, finish reason) and the trace."""
+    cfg = harness.scheduler_config(overlap=overlap, max_running_reqs=max_running, max_extend_tokens=budget)
+    sched = harness.make_scheduler(cfg)
+    events = []
+    plain = type(sched).on_token
+
+    def on_token(req, token, reason):
+        events.append([len(sched.trace) - 1, req.uid, token, reason])
+        plain(sched, req, token, reason)
+
+    sched.on_token = on_token
+    uids = [sched.add_request(p, sp) for p, sp in zip(prompts, params)]
+    aborts = aborts or {}
+    steps = 0
+    while not sched.is_idle:
+        if steps in aborts:
+            sched.abort_request(uids[aborts[steps]])
+        if steps >= 200:
+            raise RuntimeError("the scheduler is not idle after 200 steps: a batch is never processed, or a request never finishes")
+        sched.step()
+        steps += 1
+    obs.eq("on_token calls in order: [step launched so far, request uid, token, finish reason]", events)
+    for i, u in enumerate(uids):
+        out = sched.outputs.get(u, harness.Finished())
+        obs.eq(f"request {i}: tokens and finish reason", [out.tokens, out.finish_reason])
+    harness.record_trace(obs, sched.trace)
+    sched.assert_all_free()
+
+
+@case("two requests, overlap off", hint=1)
+def plain_loop(obs: Obs) -> None:
+    _run(obs, [[11, 12, 13], [21, 22]], [SamplingParams(max_tokens=3, ignore_eos=True)] * 2, overlap=False)
+
+
+@case("two requests of different lengths, overlap on", hint=2)
+def overlap_two(obs: Obs) -> None:
+    _run(obs, [[11, 12, 13], [21, 22]], [SamplingParams(max_tokens=2, ignore_eos=True), SamplingParams(max_tokens=5, ignore_eos=True)], overlap=True)
+
+
+@case("a stop token ends a request early while the next batch is already launched", hint=3)
+def stop_token(obs: Obs) -> None:
+    probe = harness.make_scheduler(harness.scheduler_config(overlap=False))
+    probe.add_request([11, 12, 13], SamplingParams(max_tokens=6, ignore_eos=True))
+    harness.run_until_idle(probe)
+    stop = probe.outputs[0].tokens[2]  # the third token this prompt produces
+    _run(obs, [[11, 12, 13], [21, 22]], [SamplingParams(max_tokens=6, stop_token_ids=(stop,)), SamplingParams(max_tokens=6, ignore_eos=True)], overlap=True)
+
+
+@case("an abort while the request's batch is in flight", hint=3)
+def abort(obs: Obs) -> None:
+    _run(obs, [[11, 12, 13], [21, 22], [31]], [SamplingParams(max_tokens=6, ignore_eos=True)] * 3, overlap=True, aborts={3: 1})
+
+
+@case("random requests, stop tokens and aborts, overlap on", kind=E2E, seeds=2, hint=3)
+def random_runs(obs: Obs, seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 6)
+    prompts = harness.random_prompts(seed, n, lo=1, hi=12)
+    params = [SamplingParams(max_tokens=rng.randint(1, 8), ignore_eos=True, temperature=rng.choice([0.0, 0.8]), seed=rng.randrange(1000),
+                             stop_token_ids=tuple(rng.randrange(0, 49152) for _ in range(rng.randint(0, 300)))) for _ in range(n)]
+    aborts = {rng.randint(0, 8): rng.randrange(n)} if rng.random() < 0.6 else {}
+    _run(obs, prompts, params, overlap=True, aborts=aborts, max_running=rng.randint(1, 4), budget=rng.randint(4, 32))
