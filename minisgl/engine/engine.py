@@ -12,6 +12,7 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.distributed.comm import min_over_ranks
 from minisgl.distributed.info import TPInfo, set_tp_info
+from minisgl.env import ENV
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
 from minisgl.utils import div_ceil
@@ -53,12 +54,14 @@ class Engine:
         # row `max_running_reqs` is the dummy row used to pad batches
         self.page_table = torch.zeros((config.max_running_reqs + 1, self.max_seq_len), dtype=torch.int32, device=self.device)
         self.page_table[config.max_running_reqs] = self.dummy_page * self.page_size
-        self.attn_backend = create_attention_backend(config.attention_backend, self.kv_cache, self.page_table, pad_slot=self.dummy_page * self.page_size)
+        self.attn_backend = create_attention_backend(
+            config.attention_backend, self.kv_cache, self.page_table, pad_slot=self.dummy_page * self.page_size, num_qo_heads=qkv.num_q_heads
+        )
         self.ctx = Context(page_size=self.page_size, kv_cache=self.kv_cache, attn_backend=self.attn_backend)
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.model_config.vocab_size)
         self.graph_runner = None
-        if self.device.type == "cuda" and config.use_cuda_graph and self.attn_backend.supports_cuda_graph():
+        if self.device.type == "cuda" and config.use_cuda_graph and not ENV.disable_cuda_graph and self.attn_backend.supports_cuda_graph():
             from .graph import GraphRunner
 
             self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)

@@ -7,6 +7,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from minisgl.kernel import apply_rope
+
 from .base import BaseOP
 
 
@@ -74,6 +76,8 @@ class RotaryEmbedding(BaseOP):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]."""
+        if q.is_cuda:  # the same arithmetic in one fused kernel (minisgl.kernel)
+            return apply_rope(positions, q, k, self._cos, self._sin)
         cos = self._cos[positions].unsqueeze(1).to(q.dtype)
         sin = self._sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

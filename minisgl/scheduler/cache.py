@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, List
 
+import numpy as np
 import torch
 
 from minisgl.core import Req
@@ -60,23 +61,36 @@ class CacheManager:
     def allocate(self, reqs: Iterable[Req]) -> None:
         """Give every request slots for positions [cached_len, device_len) in its page-table row."""
         ps = self.page_size
-        rows: List[torch.Tensor] = []
-        cols: List[torch.Tensor] = []
-        vals: List[torch.Tensor] = []
+        rows: List[int] = []
+        firsts: List[int] = []
+        counts: List[int] = []
         for req in reqs:
             first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)
-            if last <= first:
-                continue
-            pages = self._take_pages(last - first)
-            slots = (pages[:, None] * ps + torch.arange(ps)).flatten()
-            pos = torch.arange(first * ps, last * ps)
-            keep = pos < self.page_table.shape[1]
-            rows.append(torch.full((int(keep.sum()),), req.table_idx))
-            cols.append(pos[keep])
-            vals.append(slots[keep])
-        if rows:
-            dev = self.page_table.device
-            self.page_table[torch.cat(rows).to(dev), torch.cat(cols).to(dev)] = torch.cat(vals).to(dev, torch.int32)
+            if last > first:
+                rows.append(req.table_idx)
+                firsts.append(first)
+                counts.append(last - first)
+        if not rows:
+            return
+        # one allocation for the whole batch (requests take consecutive runs of the free list),
+        # then one scatter into the page table: a decode step touches every request
+        pages = self._take_pages(sum(counts)).numpy()
+        n = np.array(counts)
+        run_start = np.cumsum(n) - n
+        page_no = np.arange(len(pages)) - np.repeat(run_start - np.array(firsts), n)
+        offs = np.arange(ps)
+        pos = (page_no[:, None] * ps + offs).ravel()
+        slots = (pages[:, None] * ps + offs).ravel()
+        row = np.repeat(np.array(rows), n * ps)
+        keep = pos < self.page_table.shape[1]
+        if not keep.all():
+            pos, slots, row = pos[keep], slots[keep], row[keep]
+        dev = self.page_table.device
+        packed = torch.from_numpy(np.stack([row, pos, slots]).astype(np.int64))
+        if dev.type == "cuda":
+            packed = packed.pin_memory()
+        packed = packed.to(dev, non_blocking=True)
+        self.page_table[packed[0], packed[1]] = packed[2].to(torch.int32)
 
     def _release_slots(self, slots: torch.Tensor) -> None:
         if len(slots) == 0:

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
@@ -129,6 +130,8 @@ class Scheduler:
 
     # ---- schedule and prepare ---------------------------------------------------------------
     def schedule_next_batch(self) -> Optional[Batch]:
+        if not self.prefill.pending and self.prefill.chunked is None:
+            return self.decode.schedule_next_batch()  # nothing to admit: skip the page count
         reserved = sum(self.cache.pages_to_finish(r) for r in self.live.values() if not r.finished)
         batch = self.prefill.schedule_next_batch(reserved)  # prefill first: it shortens waiting
         if batch is not None:
@@ -140,15 +143,27 @@ class Scheduler:
     def prepare(self, batch: Batch) -> None:
         """Allocate KV slots and build the batch's flat token tensors on the device."""
         self.cache.allocate(batch.reqs)
-        pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in batch.reqs])
-        rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in batch.reqs])
-        lens = torch.tensor([r.extend_len for r in batch.reqs])
-        dev = self.device
-        pos, rows = pos.to(dev, non_blocking=True), rows.to(dev, non_blocking=True)
-        batch.positions = pos
-        batch.input_ids = self.table.token_pool[rows, pos]
-        batch.out_loc = self.table.page_table[rows, pos].long()
-        batch.last_indices = (torch.cumsum(lens, 0) - 1).to(dev, non_blocking=True)
+        # index math on the host in a few vectorised operations (a decode step has one token per
+        # request, so per-request tensor ops would dominate the step), then one copy to the device
+        lens = np.array([r.extend_len for r in batch.reqs])
+        starts = np.array([r.cached_len for r in batch.reqs])
+        rows = np.array([r.table_idx for r in batch.reqs])
+        ends = np.cumsum(lens)
+        if len(lens) == ends[-1]:  # one token per request
+            pos = starts
+        else:
+            pos = np.arange(ends[-1]) - np.repeat(ends - lens - starts, lens)
+            rows = np.repeat(rows, lens)
+        packed = torch.from_numpy(np.concatenate([pos, rows, ends - 1]).astype(np.int64))
+        if self.device.type == "cuda":
+            packed = packed.pin_memory()  # an asynchronous copy needs page-locked memory
+        packed = packed.to(self.device, non_blocking=True)
+        n = len(pos)
+        pos_d, rows_d = packed[:n], packed[n : 2 * n]
+        batch.positions = pos_d
+        batch.input_ids = self.table.token_pool[rows_d, pos_d]
+        batch.out_loc = self.table.page_table[rows_d, pos_d].long()
+        batch.last_indices = packed[2 * n :]
         batch.padded_size = batch.size
 
     def launch(self, batch: Batch) -> ForwardResult:
@@ -161,10 +176,11 @@ class Scheduler:
         # the sampled token goes where the next step will read it, without a host round trip
         keep = [i for i, s in enumerate(sampled) if s]
         if keep:
-            idx = torch.tensor(keep, device=self.device)
-            rows = torch.tensor([batch.reqs[i].table_idx for i in keep], device=self.device)
-            cols = torch.tensor([batch.reqs[i].device_len - 1 for i in keep], device=self.device)
-            self.table.token_pool[rows, cols] = next_tokens[idx]
+            where = torch.tensor([keep, [batch.reqs[i].table_idx for i in keep], [batch.reqs[i].device_len - 1 for i in keep]])
+            if self.device.type == "cuda":
+                where = where.pin_memory()
+            idx, rows, cols = where.to(self.device, non_blocking=True)
+            self.table.token_pool[rows, cols] = next_tokens if len(keep) == len(sampled) else next_tokens[idx]
         self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
         if self.device.type == "cuda":
             host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)

@@ -1,0 +1,193 @@
+"""Attention through FlashInfer's paged kernels (CUDA only).
+
+FlashInfer reads the KV pool in place, through a CSR list of pages per request:
+`kv_indptr[i] : kv_indptr[i + 1]` delimits request i's entries in `kv_indices`, each entry a
+page number (a slot of the page's first position divided by the page size), and
+`kv_last_page_len[i]` says how many positions of its last page are filled. Prefill (and the
+extend of a cached prefix or a prompt chunk) uses the causal mask aligned to the end of each
+request's keys; decode has one query per request.
+
+A wrapper is *planned* once per batch on the host (FlashInfer decides how to split the work)
+and then *run* once per layer. Decode wrappers for CUDA graphs own fixed buffers, one wrapper
+per captured batch size, and are re-planned before every replay.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import torch
+
+from minisgl.kernel import gather_page_indices, store_kv
+from minisgl.kvcache.mha_pool import MHAKVCache
+
+from .base import BaseAttnBackend, BaseAttnMetadata
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+
+_WORKSPACE_BYTES = 256 << 20  # FlashInfer's scratch for split-KV partial results
+
+
+@dataclass
+class FlashInferMetadata(BaseAttnMetadata):
+    wrapper: object  # a planned BatchPrefill/BatchDecode wrapper
+    num_pages: int  # pages referenced by the batch (for inspection and tests)
+
+
+@dataclass
+class PageLayout:
+    """The CSR page list of a batch, built on the host (pinned) and mirrored on the device."""
+
+    indptr_host: torch.Tensor  # [bs + 1] int32, pinned
+    last_page_len_host: torch.Tensor  # [bs] int32, pinned
+    indices: torch.Tensor  # [total] int32 page numbers, on the device
+    total: int
+
+
+class FlashInferAttnBackend(BaseAttnBackend):
+    def __init__(
+        self,
+        kv_cache: MHAKVCache,
+        page_table: torch.Tensor,
+        num_qo_heads: Optional[int] = None,
+        pad_slot: int = 0,
+        decode_tensor_cores: Optional[bool] = None,
+    ):
+        import flashinfer
+
+        if page_table.device.type != "cuda":
+            raise ValueError("the FlashInfer backend needs the model on a CUDA device; use attention_backend='torch' on the CPU")
+        if kv_cache.buffer.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"FlashInfer attention runs in float16 or bfloat16, not {kv_cache.buffer.dtype}: pass dtype='bfloat16'")
+        if num_qo_heads is None:
+            raise ValueError("FlashInferAttnBackend needs num_qo_heads (the engine passes the model's query heads per rank)")
+        self._fi = flashinfer
+        self.kv_cache = kv_cache
+        self.page_table = page_table  # [rows + 1 dummy, max_seq_len] slot of each position
+        self.device = page_table.device
+        self.page_size = kv_cache.page_size
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = kv_cache.num_kv_heads
+        self.head_dim = kv_cache.head_dim
+        self.dtype = kv_cache.buffer.dtype
+        self.dummy_row = page_table.shape[0] - 1  # padding requests read this row: the dummy page
+        self.pad_slot = pad_slot
+        # tensor-core decode pays off when many query heads share a KV head; it also reuses the
+        # prefill kernel, so only one kernel family is compiled
+        group = num_qo_heads // self.num_kv_heads
+        self.decode_tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
+        ps, h, d = self.page_size, self.num_kv_heads, self.head_dim
+        # per layer: the flat [slots, heads, dim] views we write to, the paged views FlashInfer reads
+        self._flat = [(kv_cache.k_cache(i), kv_cache.v_cache(i)) for i in range(kv_cache.num_layers)]
+        self._paged = [(k.view(-1, ps, h, d), v.view(-1, ps, h, d)) for k, v in self._flat]
+        self.workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.decode_wrapper = self._make_decode_wrapper(None)
+        self._graph_wrappers: Dict[int, object] = {}
+        # plan() stages its schedule in a pinned host buffer and copies it asynchronously; the
+        # next plan must not overwrite that buffer before the copy has run on the GPU
+        self._plan_copied = torch.cuda.Event()
+
+    # ---- planning ----------------------------------------------------------------------------
+    def _make_decode_wrapper(self, graph_bs: Optional[int]):
+        kwargs = {}
+        if graph_bs is not None:
+            kwargs = dict(
+                use_cuda_graph=True,
+                paged_kv_indptr_buffer=self._cg_indptr[: graph_bs + 1],
+                paged_kv_indices_buffer=self._cg_indices,
+                paged_kv_last_page_len_buffer=self._cg_last_page_len[:graph_bs],
+            )
+        return self._fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores, **kwargs)
+
+    def _layout(self, rows: List[int], kv_lens: List[int]) -> PageLayout:
+        ps = self.page_size
+        pages = [(n + ps - 1) // ps for n in kv_lens]
+        indptr = [0, *itertools.accumulate(pages)]
+        last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages)]
+        bs = len(rows)
+        host = torch.tensor(indptr + last + rows, dtype=torch.int32, pin_memory=True)
+        dev = host.to(self.device, non_blocking=True)
+        total = indptr[-1]
+        indices = gather_page_indices(self.page_table, dev[2 * bs + 1 :], dev[: bs + 1], ps, total, max(pages))
+        return PageLayout(host[: bs + 1], host[bs + 1 : 2 * bs + 1], indices, total)
+
+    def _plan_decode(self, wrapper, rows: List[int], kv_lens: List[int]) -> FlashInferMetadata:
+        layout = self._layout(rows, kv_lens)
+        self._plan_copied.synchronize()
+        wrapper.plan(
+            layout.indptr_host,
+            layout.indices,
+            layout.last_page_len_host,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+        self._plan_copied.record()
+        return FlashInferMetadata(wrapper, layout.total)
+
+    def prepare_metadata(self, batch: "Batch") -> None:
+        reqs = batch.reqs
+        rows = [r.table_idx for r in reqs]
+        kv_lens = [r.device_len for r in reqs]
+        if batch.is_decode:
+            batch.attn_metadata = self._plan_decode(self.decode_wrapper, rows, kv_lens)
+            return
+        layout = self._layout(rows, kv_lens)
+        qo_indptr = torch.tensor([0, *itertools.accumulate(r.extend_len for r in reqs)], dtype=torch.int32, pin_memory=True)
+        self._plan_copied.synchronize()
+        self.prefill_wrapper.plan(
+            qo_indptr,
+            layout.indptr_host,
+            layout.indices,
+            layout.last_page_len_host,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            causal=True,  # query i of a request sees keys up to kv_len - extend_len + i
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+        self._plan_copied.record()
+        batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper, layout.total)
+
+    # ---- the forward pass --------------------------------------------------------------------
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
+        k_flat, v_flat = self._flat[layer_id]
+        store_kv(k, v, k_flat, v_flat, batch.out_loc)
+        meta: FlashInferMetadata = batch.attn_metadata
+        return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
+
+    # ---- CUDA graphs -------------------------------------------------------------------------
+    def supports_cuda_graph(self) -> bool:
+        return True
+
+    def init_capture_graph(self, max_bs: int, bs_list: List[int]) -> None:
+        """Fixed buffers shared by one decode wrapper per captured batch size."""
+        self._cg_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
+        self._cg_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+        # every real page at most once, plus one dummy page per padding request
+        self._cg_indices = torch.zeros(self.kv_cache.num_pages + max_bs, dtype=torch.int32, device=self.device)
+        self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list}
+
+    def _padded_rows(self, batch: "Batch") -> Tuple[List[int], List[int]]:
+        pad = batch.padded_size - batch.size
+        assert pad >= 0, f"padded size {batch.padded_size} below batch size {batch.size}"
+        rows = [r.table_idx for r in batch.reqs] + [self.dummy_row] * pad
+        kv_lens = [r.device_len for r in batch.reqs] + [1] * pad  # a padding request sees its own slot
+        return rows, kv_lens
+
+    def prepare_for_capture(self, batch: "Batch") -> None:
+        rows, kv_lens = self._padded_rows(batch)
+        batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)
+
+    def prepare_for_replay(self, batch: "Batch") -> None:
+        rows, kv_lens = self._padded_rows(batch)
+        batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)

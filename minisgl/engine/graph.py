@@ -1,0 +1,101 @@
+"""`GraphRunner`: decode steps replayed from captured CUDA graphs.
+
+A decode step launches hundreds of small kernels; at small batch sizes launching them costs
+more than running them. A CUDA graph records the whole forward pass once per batch size and
+replays it with one launch. Graphs have fixed shapes and fixed addresses, so:
+
+- inputs (token ids, positions, KV slots) are copied into static buffers before each replay;
+- a batch is padded up to the next captured size with dummy requests that use the page
+  table's dummy row, so they read and write only the dummy page;
+- the attention backend re-plans a wrapper that owns fixed buffers for that size.
+
+The sampler runs after the replay, on the real rows of the logits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import TYPE_CHECKING, Dict, List
+
+import torch
+
+from minisgl.core import Batch
+from minisgl.utils.logger import get_logger
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = get_logger(__name__)
+
+
+def graph_batch_sizes(max_bs: int) -> List[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to `max_bs` (and `max_bs` itself)."""
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
+    sizes += list(range(16, max_bs + 1, 8))
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return sorted(set(sizes))
+
+
+class GraphRunner:
+    def __init__(self, engine: "Engine", max_bs: int):
+        self.engine = engine
+        self.max_bs = min(max_bs, engine.config.max_running_reqs)
+        self.bs_list = graph_batch_sizes(self.max_bs)
+        dev = engine.device
+        self.dummy_slot = engine.dummy_page * engine.page_size
+        # static inputs: every graph reads a prefix of these
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int32, device=dev)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.out_loc = torch.full((self.max_bs,), self.dummy_slot, dtype=torch.int64, device=dev)
+        self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: Dict[int, torch.Tensor] = {}
+        start = time.perf_counter()
+        self._capture_all()
+        logger.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.graphs), self.bs_list, time.perf_counter() - start)
+
+    def _static_batch(self, bs: int) -> Batch:
+        return Batch(reqs=[], phase="decode", input_ids=self.input_ids[:bs], positions=self.positions[:bs], out_loc=self.out_loc[:bs], padded_size=bs)
+
+    def _capture_all(self) -> None:
+        engine = self.engine
+        backend, ctx = engine.attn_backend, engine.ctx
+        backend.init_capture_graph(self.max_bs, self.bs_list)
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device=engine.device)
+        # largest first: smaller graphs then fit in the memory the larger one left in the pool
+        for bs in reversed(self.bs_list):
+            batch = self._static_batch(bs)
+            backend.prepare_for_capture(batch)
+            with ctx.forward_batch(batch):
+                engine.model.forward()  # warm-up: compiles kernels, allocates outside the graph
+            torch.cuda.synchronize(engine.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                with ctx.forward_batch(batch):
+                    self.logits[bs] = engine.model.forward()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(engine.device)
+
+    def padded_size(self, bs: int) -> int:
+        return self.bs_list[bisect.bisect_left(self.bs_list, bs)]
+
+    def can_run(self, batch: Batch) -> bool:
+        return batch.is_decode and 0 < batch.size <= self.max_bs
+
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Replay the graph for `batch` (padded); returns logits `[batch.size, vocab]`."""
+        bs = batch.size
+        pad = self.padded_size(bs)
+        batch.padded_size = pad
+        self.input_ids[:bs].copy_(batch.input_ids)
+        self.positions[:bs].copy_(batch.positions)
+        self.out_loc[:bs].copy_(batch.out_loc)
+        if pad > bs:
+            # rows past the batch may hold an earlier batch's slots: point them at the dummy page
+            self.out_loc[bs:pad].fill_(self.dummy_slot)
+            self.positions[bs:pad].zero_()
+        self.engine.attn_backend.prepare_for_replay(batch)
+        self.graphs[pad].replay()
+        return self.logits[pad][:bs]

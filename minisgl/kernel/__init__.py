@@ -1,0 +1,30 @@
+"""Fused GPU kernels (Triton) for the hot paths of a forward pass, each with a PyTorch fallback.
+
+Every public function here picks the Triton kernel when its inputs live on a CUDA device and
+Triton imports, and otherwise runs the plain PyTorch version, which is also the reference the
+tests compare the kernels against. The fallbacks compute exactly what the layers in
+`minisgl.layers` compute, rounding step for rounding step.
+"""
+
+from .activation import silu_and_mul, silu_and_mul_ref
+from .index import gather_page_indices, gather_page_indices_ref
+from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
+from .rope import apply_rope, apply_rope_ref
+from .store import store_kv, store_kv_ref
+from .util import triton_available
+
+__all__ = [
+    "apply_rope",
+    "apply_rope_ref",
+    "fused_add_rmsnorm",
+    "fused_add_rmsnorm_ref",
+    "gather_page_indices",
+    "gather_page_indices_ref",
+    "rmsnorm",
+    "rmsnorm_ref",
+    "silu_and_mul",
+    "silu_and_mul_ref",
+    "store_kv",
+    "store_kv_ref",
+    "triton_available",
+]

@@ -1,0 +1,45 @@
+"""`silu(gate) * up` in one kernel (the PyTorch path takes three: chunk views, silu, product)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .util import next_pow2, use_triton
+
+try:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, out_ptr, x_stride, I: tl.constexpr, BLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < I
+        gate = tl.load(x_ptr + t * x_stride + offs, mask=mask, other=0.0)
+        up = tl.load(x_ptr + t * x_stride + I + offs, mask=mask, other=0.0)
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # silu, rounded like F.silu's output
+        tl.store(out_ptr + t * I + offs, act * up, mask=mask)
+
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: `[tokens, 2 * inter]` = `[gate | up]` -> `[tokens, inter]`."""
+    if not use_triton(x) or x.dim() != 2 or x.stride(-1) != 1:
+        return silu_and_mul_ref(x)
+    t, two_i = x.shape
+    inter = two_i // 2
+    out = torch.empty(t, inter, dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    block = min(next_pow2(inter), 1024)
+    _silu_mul_kernel[(t, triton.cdiv(inter, block))](x, out, x.stride(0), I=inter, BLOCK=block)
+    return out

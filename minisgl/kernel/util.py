@@ -1,0 +1,30 @@
+"""When to use a Triton kernel, and small launch helpers."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs usually lack it
+    import triton  # noqa: F401
+
+    _HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the install
+    _HAS_TRITON = False
+
+
+def triton_available() -> bool:
+    return _HAS_TRITON
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Triton for CUDA tensors; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1),
+    which is how the kernels can be checked on a machine without a GPU."""
+    if not _HAS_TRITON or os.environ.get("MINISGL_DISABLE_KERNELS") == "1":
+        return False
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
