@@ -1,0 +1,259 @@
+"""Chapter 16: tensor parallelism.
+
+Oracles: the same engine at TP=1 and Hugging Face transformers' greedy tokens. On the CPU the
+ranks are separate processes talking over gloo; the GPU tests repeat the comparison over NCCL.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+
+from helpers import MODELS, SMOLLM2, TINY_LLAMA, TINY_QWEN3, ReferenceCache, build_llm, generate_ids
+from minisgl.core import SamplingParams
+from minisgl.distributed import comm, get_tp_info, set_tp_info, TPInfo
+from minisgl.distributed.launch import RankFailedError, run_on_ranks
+from minisgl.distributed.split import check_tp_split, tp_split_problems
+from minisgl.models import ModelConfig, create_model
+from minisgl.models.weight import iter_checkpoint, load_checkpoint
+
+PROMPTS: List[List[int]] = [[1, 500, 23, 99, 1000], [7, 8, 9], list(range(100, 137))]
+MAX_TOKENS = 6
+REFS = ReferenceCache()
+
+
+@pytest.fixture(scope="module")
+def kv1_model(tmp_path_factory) -> Path:
+    """A tiny Qwen3 with 4 query heads and a single KV head (so at TP=2 both ranks hold a copy of
+    it) and an odd vocabulary of 1001 (so the last vocabulary shard is padded)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = tmp_path_factory.mktemp("kv1-qwen3")
+    cfg = Qwen3Config(vocab_size=1001, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).to(torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY_QWEN3 / name, out / name)
+    return out
+
+
+def _generate(path: Path, prompts, params: SamplingParams, **engine) -> List[List[int]]:
+    llm = build_llm(path, **engine)
+    try:
+        outs = llm.generate([list(p) for p in prompts], params)
+        llm.assert_all_free()
+        return [o.token_ids for o in outs]
+    finally:
+        llm.shutdown()
+
+
+def _no_children_left() -> bool:
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not multiprocessing.active_children()
+
+
+# ---- the split: which sizes work, and what each rank loads ----------------------------------------
+
+
+def test_split_rules():
+    smollm2 = ModelConfig.from_dir(SMOLLM2)  # 9 query heads, 3 KV heads
+    assert tp_split_problems(smollm2, 1) == [] and tp_split_problems(smollm2, 3) == []
+    assert any("9 attention heads" in p for p in tp_split_problems(smollm2, 2))
+    qwen = ModelConfig.from_dir(MODELS / "qwen3-0.6b-dummy")  # 16 query heads, 8 KV heads
+    assert [n for n in range(1, 9) if not tp_split_problems(qwen, n)] == [1, 2, 4, 8]
+    kv1 = ModelConfig.from_dict({**qwen.raw, "num_key_value_heads": 1})
+    assert tp_split_problems(kv1, 8) == []  # one KV head, replicated onto every rank
+    kv6 = ModelConfig.from_dict({**qwen.raw, "num_attention_heads": 12, "num_key_value_heads": 6})
+    assert any("KV heads" in p for p in tp_split_problems(kv6, 4))  # 6 heads: neither 6/4 nor 4/6
+
+
+def test_smollm2_at_tp2_is_refused_before_any_process_starts():
+    from minisgl.llm import LLM
+
+    with pytest.raises(ValueError, match="9 attention heads do not split over 2 ranks"):
+        LLM(str(SMOLLM2), tp_size=2)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_loader_replicates_a_single_kv_head(kv1_model, rank):
+    """Load rank `rank` of 2 in this process (loading needs no collectives) and check its QKV rows
+    against the checkpoint: its two query heads, and the one KV head both ranks share."""
+    cfg = ModelConfig.from_dir(kv1_model)
+    set_tp_info(TPInfo(rank, 2))
+    try:
+        model = create_model(cfg, torch.float32, torch.device("cpu"))
+        load_checkpoint(model, kv1_model)
+    finally:
+        set_tp_info(TPInfo())
+    ckpt = dict(iter_checkpoint(kv1_model))
+    qkv = model.model.layers[1].self_attn.qkv_proj
+    assert (qkv.num_q_heads, qkv.num_kv_heads) == (2, 1)
+    q, k, v = qkv.weight.split([32, 16, 16])
+    assert torch.equal(q, ckpt["model.layers.1.self_attn.q_proj.weight"][rank * 32 : (rank + 1) * 32])
+    assert torch.equal(k, ckpt["model.layers.1.self_attn.k_proj.weight"])
+    assert torch.equal(v, ckpt["model.layers.1.self_attn.v_proj.weight"])
+    emb = model.model.embed_tokens.weight  # 1001 rows -> 501 per rank, the last one zero-padded
+    full = ckpt["model.embed_tokens.weight"]
+    assert emb.shape[0] == 501
+    if rank == 0:
+        assert torch.equal(emb, full[:501])
+    else:
+        assert torch.equal(emb[:500], full[501:]) and not emb[500].any()
+    o = model.model.layers[0].self_attn.o_proj.weight
+    assert torch.equal(o, ckpt["model.layers.0.self_attn.o_proj.weight"][:, rank * 32 : (rank + 1) * 32])
+
+
+# ---- collectives over gloo ----------------------------------------------------------------------
+
+
+def collectives_on_rank(rank: int, size: int):
+    """Runs inside each spawned rank."""
+    assert get_tp_info() == TPInfo(rank, size)
+    summed = comm.all_reduce(torch.full((3,), float(rank + 1)))
+    gathered = comm.all_gather_last_dim(torch.full((2, 2), float(rank)))
+    return summed.tolist(), gathered.tolist(), comm.min_over_ranks(10 + rank, torch.device("cpu"))
+
+
+def test_collectives_over_gloo():
+    results = run_on_ranks(collectives_on_rank, 2)
+    expected = ([3.0] * 3, [[0.0, 0.0, 1.0, 1.0]] * 2, 10)
+    assert results == [expected, expected]
+
+
+# ---- whole-engine equality at TP=2 --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama"])
+def test_tp2_equals_tp1_greedy_and_sampled(name):
+    """Greedy tokens equal transformers' at TP=1 and TP=2. Seeded sampling is a pure function of
+    (seed, position), so sampled tokens are the same at any TP size too, and every rank draws the
+    same one (the ranks' checksums are compared whenever they go idle)."""
+    path = MODELS / name
+    want = [REFS.get(path, p, MAX_TOKENS, stop_at_eos=False) for p in PROMPTS]
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_k=50, seed=1234, ignore_eos=True)
+    params = [greedy] * len(PROMPTS) + [sampled] * len(PROMPTS)
+    one = _generate(path, PROMPTS * 2, params)
+    assert one[: len(PROMPTS)] == want
+    assert len({tuple(t) for t in one[len(PROMPTS) :]}) == len(PROMPTS)  # really sampled
+    assert _generate(path, PROMPTS * 2, params, tp_size=2, overlap=True) == one
+    assert _no_children_left()
+
+
+def test_tp2_replicated_kv_head_and_padded_vocab(kv1_model):
+    want = [REFS.get(kv1_model, p, MAX_TOKENS, stop_at_eos=False) for p in PROMPTS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    assert _generate(kv1_model, PROMPTS, params, tp_size=2) == want
+
+
+# ---- failure handling ---------------------------------------------------------------------------
+
+
+def test_dead_worker_is_reported_not_waited_for():
+    llm = build_llm(TINY_QWEN3, tp_size=2)
+    try:
+        assert generate_ids(llm, [PROMPTS[0]], 2, ignore_eos=True) == [REFS.get(TINY_QWEN3, PROMPTS[0], 2, False)]
+        proc = llm._workers.procs[0]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        with pytest.raises(RankFailedError, match="rank 1 is gone"):
+            llm.generate([PROMPTS[1]], SamplingParams(max_tokens=2))
+        with pytest.raises(RankFailedError, match="shut down"):
+            llm.generate([PROMPTS[1]], SamplingParams(max_tokens=2))
+    finally:
+        llm.shutdown()
+    assert _no_children_left()
+
+
+def test_worker_error_mid_step_surfaces_its_traceback():
+    """A worker that raises while rank 0 waits in a collective: rank 0 gets an error carrying the
+    worker's traceback within seconds (gloo notices the closed connection), not a hang."""
+    llm = build_llm(TINY_QWEN3, tp_size=2)
+    try:
+        llm._commands.append(("bogus-command",))
+        start = time.monotonic()
+        with pytest.raises(RankFailedError, match="unknown command 'bogus-command'"):
+            llm.generate([PROMPTS[0]], SamplingParams(max_tokens=2))
+        assert time.monotonic() - start < 60
+    finally:
+        llm.shutdown()
+    assert _no_children_left()
+    check_tp_split(ModelConfig.from_dir(TINY_QWEN3), 2)  # the model itself was fine
+
+
+# ---- GPU: the same over NCCL ---------------------------------------------------------------------
+
+
+def _need_gpus(n: int) -> None:
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs, found {torch.cuda.device_count()}")
+
+
+def teacher_forced_logits(path: str, rank: int, size: int, ids: List[int], dtype: str) -> torch.Tensor:
+    """`[len(ids), vocab]` logits of one prefill over `ids`, every position kept."""
+    from minisgl.core import Batch, set_global_ctx
+    from minisgl.engine import Engine, EngineConfig
+    from helpers import make_req
+
+    engine = Engine(EngineConfig(model_path=path, device=f"cuda:{rank}", dtype=dtype, tp_rank=rank, tp_size=size,
+                                 num_pages=256, max_seq_len=256, max_running_reqs=2, attention_backend="torch",
+                                 use_cuda_graph=False))  # fmt: skip
+    n, dev = len(ids), engine.device
+    req = make_req(ids, row=0, max_tokens=1)
+    engine.page_table[0, :n] = torch.arange(n, dtype=torch.int32, device=dev)
+    batch = Batch(reqs=[req], phase="prefill")
+    batch.input_ids = torch.tensor(ids, dtype=torch.int32, device=dev)
+    batch.positions = torch.arange(n, device=dev)
+    batch.out_loc = torch.arange(n, device=dev)
+    batch.last_indices = torch.arange(n, device=dev)
+    batch.padded_size = 1
+    set_global_ctx(engine.ctx)
+    engine.attn_backend.prepare_metadata(batch)
+    with torch.inference_mode(), engine.ctx.forward_batch(batch):
+        return engine.model.forward().float().cpu()
+
+
+def bf16_logits_on_rank(rank: int, size: int):
+    return {name: teacher_forced_logits(str(MODELS / name), rank, size, PROMPTS[2], "bfloat16") for name in ("tiny-qwen3", "tiny-qwen3-moe")}
+
+
+@pytest.mark.gpu
+def test_nccl_tp2_bf16_teacher_forced_logits_match_tp1():
+    _need_gpus(2)
+    one = run_on_ranks(bf16_logits_on_rank, 1, device="cuda")[0]
+    two = run_on_ranks(bf16_logits_on_rank, 2, device="cuda")
+    for name in one:
+        a, b, c = one[name], two[0][name], two[1][name]
+        assert torch.equal(b, c), "the two ranks must hold identical logits"
+        scale = a.abs().max().item()
+        err = (a - b).abs().max().item()
+        print(f"{name}: max |logit| {scale:.4f}, max |TP2 - TP1| {err:.5f}")
+        assert err <= 0.02 * scale + 1e-3, f"{name}: bf16 TP=2 logits off by {err} (scale {scale})"
+        agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+        assert agree >= 0.9, f"{name}: argmax agrees at only {agree:.0%} of positions"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama", "tiny-qwen3-moe"])
+def test_nccl_tp2_float32_greedy_equals_tp1(name):
+    _need_gpus(2)
+    path = MODELS / name
+    want = [REFS.get(path, p, MAX_TOKENS, stop_at_eos=False) for p in PROMPTS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    gpu = dict(device="cuda", attention_backend="torch")
+    assert _generate(path, PROMPTS, params, **gpu) == want
+    assert _generate(path, PROMPTS, params, tp_size=2, overlap=True, **gpu) == want
+    assert _no_children_left()
