@@ -1,0 +1,92 @@
+"""Figures and CPU stand-ins for chapters 16-21 (tensor parallelism, GPU attention, CUDA graphs,
+kernels, mixture of experts, benchmarks).
+
+Nothing here is engine logic: these functions draw, time or drive the engine so that the
+chapters' cells stay short. Matplotlib is imported inside the drawing functions: tensor-parallel
+ranks import this module too, and should not pay for it. Engine modules are imported inside the functions, so a chapter's
+staged package only needs what that chapter uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+RANK_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759"]
+GREY, LIGHT = "#bab0ac", "#eeeeee"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def running_on(what: str) -> str:
+    """The line every GPU chapter prints so a reader knows which path ran."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"running on {device}: {what}"
+
+
+# ---- chapter 16: tensor parallelism ------------------------------------------------------------
+def _box(ax, x, y, w, h, color, text, fontsize=8):
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="black", lw=0.6, alpha=0.85))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, x0, y0, x1, y1):
+    from matplotlib.patches import FancyArrowPatch
+
+    ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="->", mutation_scale=9, lw=0.8))
+
+
+def tp_mlp_figure(ranks: int = 2):
+    """The MLP of one layer on `ranks` ranks: gate/up split by output rows (column-parallel),
+    down split by input columns (row-parallel), one all-reduce at the end."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 1.35 * ranks + 0.6))
+    for r in range(ranks):
+        y = (ranks - 1 - r) * 1.4
+        c = RANK_COLORS[r % len(RANK_COLORS)]
+        ax.text(-0.2, y + 0.4, f"rank {r}", ha="right", va="center", fontsize=9, color=c, weight="bold")
+        _box(ax, 0.0, y, 1.0, 0.8, LIGHT, "x\n[T, H]\n(every rank)")
+        _arrow(ax, 1.0, y + 0.4, 1.4, y + 0.4)
+        _box(ax, 1.4, y, 1.6, 0.8, c, f"gate_up rows\n{r}/{ranks} of each\n(column-parallel)")
+        _arrow(ax, 3.0, y + 0.4, 3.4, y + 0.4)
+        _box(ax, 3.4, y, 1.3, 0.8, c, f"silu(g)*u\n[T, I/{ranks}]\n(local)")
+        _arrow(ax, 4.7, y + 0.4, 5.1, y + 0.4)
+        _box(ax, 5.1, y, 1.6, 0.8, c, f"down cols\n{r}/{ranks}\n(row-parallel)")
+        _arrow(ax, 6.7, y + 0.4, 7.1, y + 0.4)
+        _box(ax, 7.1, y, 1.2, 0.8, c, "partial y\n[T, H]")
+        _arrow(ax, 8.3, y + 0.4, 8.9, (ranks - 1) * 0.7 + 0.4)
+    _box(ax, 8.9, (ranks - 1) * 0.7, 1.3, 0.8, GREY, "all-reduce\n(sum)")
+    _arrow(ax, 10.2, (ranks - 1) * 0.7 + 0.4, 10.6, (ranks - 1) * 0.7 + 0.4)
+    ax.text(10.65, (ranks - 1) * 0.7 + 0.4, "y on\nevery rank", va="center", fontsize=8)
+    ax.set_xlim(-0.9, 11.4)
+    ax.set_ylim(-0.2, (ranks - 1) * 1.4 + 1.0)
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def shard_table(models: Dict[str, object], names: Sequence[str]) -> str:
+    """Shapes of the same parameter in several models (e.g. TP=1, rank 0 of 2, rank 1 of 2)."""
+    from figures import table
+
+    rows = []
+    for name in names:
+        row = {"parameter": name}
+        for label, model in models.items():
+            row[label] = "x".join(str(s) for s in model.state_dict()[name].shape)
+        rows.append(row)
+    return table(rows)
+
+
+# ---- results files written by measured GPU runs -------------------------------------------------
+def load_results(relpath: str) -> Optional[dict]:
+    """A JSON results file committed by a measured device run, or None when there is none yet."""
+    path = REPO / relpath
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
