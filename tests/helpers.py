@@ -87,7 +87,7 @@ def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool
     x = torch.tensor([list(ids)])
     out: List[int] = []
     for _ in range(max_tokens):
-        logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(input_ids=x, cache=cache, use_cache=True).logits[0, -1]
         token = int(logits.argmax())
         out.append(token)
         if token in stops:
