@@ -1,0 +1,20 @@
+"""Wrong: returns copies of the weights, so the loader fills tensors the model never reads."""
+
+from typing import Dict
+
+import torch
+
+from minisgl.layers.base import BaseOP as EngineBaseOP
+
+
+class BaseOP(EngineBaseOP):
+    def state_dict(self, prefix: str = "") -> Dict[str, torch.Tensor]:
+        result: Dict[str, torch.Tensor] = {}
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue  # private state: caches, tied references
+            if isinstance(value, torch.Tensor):
+                result[prefix + name] = value.clone()
+            elif isinstance(value, EngineBaseOP):
+                result.update(value.state_dict(f"{prefix}{name}."))
+        return result
