@@ -47,6 +47,15 @@ class PageLayout:
     total: int
 
 
+def page_layout(kv_lens: List[int], page_size: int) -> Tuple[List[int], List[int]]:
+    """FlashInfer's view of a batch: `kv_indptr` (`[bs + 1]`, running page counts) and
+    `kv_last_page_len` (`[bs]`, filled positions of each last page, between 1 and page_size)."""
+    pages = [(n + page_size - 1) // page_size for n in kv_lens]
+    indptr = [0, *itertools.accumulate(pages)]
+    last = [n - (p - 1) * page_size for n, p in zip(kv_lens, pages)]
+    return indptr, last
+
+
 class FlashInferAttnBackend(BaseAttnBackend):
     def __init__(
         self,
@@ -105,14 +114,16 @@ class FlashInferAttnBackend(BaseAttnBackend):
 
     def _layout(self, rows: List[int], kv_lens: List[int]) -> PageLayout:
         ps = self.page_size
-        pages = [(n + ps - 1) // ps for n in kv_lens]
-        indptr = [0, *itertools.accumulate(pages)]
-        last = [n - (p - 1) * ps for n, p in zip(kv_lens, pages)]
+        indptr, last = page_layout(kv_lens, ps)
         bs = len(rows)
-        host = torch.tensor(indptr + last + rows, dtype=torch.int32, pin_memory=True)
+        # one pinned buffer, one copy; `rows` starts 16-byte aligned so the kernel compiled for
+        # aligned pointers serves every batch size
+        gap = -(2 * bs + 1) % 4
+        host = torch.tensor(indptr + last + [0] * gap + rows, dtype=torch.int32, pin_memory=True)
         dev = host.to(self.device, non_blocking=True)
         total = indptr[-1]
-        indices = gather_page_indices(self.page_table, dev[2 * bs + 1 :], dev[: bs + 1], ps, total, max(pages))
+        max_pages = max(b - a for a, b in zip(indptr, indptr[1:]))
+        indices = gather_page_indices(self.page_table, dev[2 * bs + 1 + gap :], dev[: bs + 1], ps, total, max_pages)
         return PageLayout(host[: bs + 1], host[bs + 1 : 2 * bs + 1], indices, total)
 
     def _plan_decode(self, wrapper, rows: List[int], kv_lens: List[int]) -> FlashInferMetadata:

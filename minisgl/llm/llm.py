@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
-from minisgl.core import Req, SamplingParams
+from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
@@ -45,12 +45,16 @@ class LLM(TensorParallelMixin, Scheduler):
         super().__init__(config)
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model_path)
+        # a config-only folder (random weights for speed tests) has no tokenizer: token ids only
+        has_tokenizer = any((Path(config.engine.model_path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model_path) if has_tokenizer else None
         self._outputs: Dict[int, RequestOutput] = {}
 
     def encode(self, prompt: Prompt, chat: bool = False) -> List[int]:
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"{self.config.engine.model_path} has no tokenizer: pass prompts as lists of token ids")
         if chat:
             messages = [{"role": "user", "content": prompt}]
             return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -83,7 +87,7 @@ class LLM(TensorParallelMixin, Scheduler):
             self.step()
         results = [self._outputs.pop(uid) for uid in uids]
         for out in results:
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         return results
 
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:

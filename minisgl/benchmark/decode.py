@@ -1,0 +1,111 @@
+"""Time per output token (TPOT) of decode at several batch sizes, with and without CUDA graphs.
+
+For each batch size, `bs` fresh prompts each generate `1 + steps` tokens. The first token of
+every request comes from prefill; the time from the moment the last request got its first
+token to the moment the last token arrived, over `steps`, is the time of one decode step,
+which is every request's time per output token.
+
+    python -m minisgl.benchmark.decode                 # Qwen3-0.6B shape, batch 1, 16, 64, 256
+    python -m minisgl.benchmark.decode --quick         # tiny model, runs on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.utils.misc import REPO_ROOT
+
+from .offline import build_llm, release
+
+
+@dataclass
+class DecodeResult:
+    batch_size: int
+    cuda_graph: bool
+    tpot_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch_size / self.tpot_s
+
+
+def measure_tpot(llm: LLM, bs: int, input_len: int, steps: int, seed: int = 0) -> float:
+    rng = random.Random(seed)
+    # fresh prompts each time, so the prefix cache never shortens the prefill
+    prompts = [[rng.randint(0, 10000) for _ in range(input_len)] for _ in range(bs)]
+    first: dict = {}
+    last = [0.0]
+    inner = llm.on_token
+
+    def on_token(req, token, finish_reason):  # token arrival times, on top of the usual bookkeeping
+        now = time.perf_counter()
+        first.setdefault(req.uid, now)
+        last[0] = now
+        inner(req, token, finish_reason)
+
+    llm.on_token = on_token
+    try:
+        llm.generate(prompts, SamplingParams(max_tokens=1 + steps, ignore_eos=True))
+    finally:
+        del llm.on_token  # back to the class's method
+    return (last[0] - max(first.values())) / steps
+
+
+def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool], page_size: int = 1, device: str = "auto") -> List[DecodeResult]:
+    results = []
+    max_bs = max(batch_sizes)
+    for use_graph in graphs:
+        llm = build_llm(
+            model,
+            dummy_weights=dummy,
+            page_size=page_size,
+            max_running_reqs=max_bs,
+            use_cuda_graph=use_graph,
+            device=device,
+            max_seq_len=input_len + steps + 8,
+            num_pages=max_bs * (input_len + steps + 8 + page_size) // page_size + 16,
+        )
+        measure_tpot(llm, min(max_bs, 4), input_len, 4)  # warm-up: compiles kernels
+        for bs in batch_sizes:
+            results.append(DecodeResult(bs, llm.engine.graph_runner is not None, measure_tpot(llm, bs, input_len, steps)))
+            r = results[-1]
+            print(f"batch {bs:4d}  cuda graph {'on ' if r.cuda_graph else 'off'}  TPOT {r.tpot_s * 1e3:7.3f} ms  ({r.tokens_per_s:,.0f} tok/s)", flush=True)
+        release(llm)
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[DecodeResult]:
+    ap = argparse.ArgumentParser(description="Decode time per output token at several batch sizes.")
+    ap.add_argument("--model", default=None, help="model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)")
+    ap.add_argument("--batch-sizes", default="1,16,64,256", help="comma-separated batch sizes")
+    ap.add_argument("--input-len", type=int, default=512, help="prompt tokens per request")
+    ap.add_argument("--steps", type=int, default=128, help="decode steps timed per batch size")
+    ap.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
+    ap.add_argument("--graphs", default="on,off", help="which settings to run: on, off or on,off")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny model, batch 1 and 4, a few steps (runs on the CPU)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        model = args.model or str(REPO_ROOT / "models" / "tiny-qwen3")
+        sizes, input_len, steps = [1, 4], 16, 4
+    else:
+        model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
+        sizes, input_len, steps = [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps
+    dummy = not any(Path(model).glob("*.safetensors"))
+    graphs = [g.strip() == "on" for g in args.graphs.split(",")]
+    if not torch.cuda.is_available() or args.device == "cpu":
+        graphs = [False]  # CUDA graphs need a GPU
+    return run(model, dummy, sizes, input_len, steps, graphs, args.page_size, args.device)
+
+
+if __name__ == "__main__":
+    main()

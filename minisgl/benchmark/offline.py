@@ -1,0 +1,249 @@
+"""Offline throughput: the nano-vllm workload, run through the engine's `LLM` front end.
+
+256 requests; `random.seed(0)`; each prompt is `randint(100, 1024)` random token ids in
+[0, 10000], each `max_tokens` is `randint(100, 1024)`, end-of-sequence is ignored; one warm-up;
+throughput = requested output tokens / wall time. The full workload asks for 133,966 output
+tokens from 142,827 prompt tokens.
+
+    python -m minisgl.benchmark.offline                   # Qwen3-0.6B shape, random weights
+    python -m minisgl.benchmark.offline --hf-baseline 32  # plus Hugging Face generate
+    python -m minisgl.benchmark.offline --quick           # tiny model, seconds, CPU is fine
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from minisgl.core import SamplingParams, set_global_ctx
+from minisgl.engine import EngineConfig
+from minisgl.llm import LLM
+from minisgl.scheduler import SchedulerConfig
+from minisgl.utils.misc import REPO_ROOT
+
+FULL_OUTPUT_TOKENS = 133_966
+FULL_INPUT_TOKENS = 142_827
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: List[List[int]]
+    max_tokens: List[int]
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+    def head(self, n: int) -> "Workload":
+        return Workload(self.prompts[:n], self.max_tokens[:n])
+
+
+def make_workload(num_seqs: int = 256, min_input: int = 100, max_input: int = 1024, min_output: int = 100, max_output: int = 1024, seed: int = 0) -> Workload:
+    """Prompts first, then output lengths, in the order nano-vllm draws them."""
+    rng = random.Random(seed)  # the same stream as `random.seed(seed)`
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(min_input, max_input))] for _ in range(num_seqs)]
+    max_tokens = [rng.randint(min_output, max_output) for _ in range(num_seqs)]
+    return Workload(prompts, max_tokens)
+
+
+# ---- the memory-bandwidth floor -------------------------------------------------------------------
+def decode_bytes(workload: Workload, weight_bytes: int, kv_bytes_per_token: int) -> int:
+    """Bytes a decode phase must read at the least: all weights once per step, and every live
+    request's KV once per step (request i's step s reads prompt_i + s tokens, s < max_tokens_i)."""
+    p = np.array([len(x) for x in workload.prompts], dtype=np.int64)
+    m = np.array(workload.max_tokens, dtype=np.int64)
+    kv_tokens = int(((m - 1) * p + (m - 1) * m // 2).sum())
+    steps = int(m.max()) - 1
+    return steps * weight_bytes + kv_tokens * kv_bytes_per_token
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written."""
+    src = torch.randint(0, 255, (nbytes // 2,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return nbytes / float(np.median(times))
+
+
+# ---- running ------------------------------------------------------------------------------------
+@dataclass
+class OfflineResult:
+    seconds: float
+    output_tokens: int
+    input_tokens: int
+    token_ids: List[List[int]]
+    prefill_steps: int
+    decode_steps: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def build_llm(model: str, *, dummy_weights: bool, page_size: int = 1, max_running_reqs: int = 256, use_cuda_graph: bool = True, attention_backend: str = "auto", device: str = "auto", dtype: str = "auto", **kw) -> LLM:
+    engine = EngineConfig(
+        model_path=model,
+        dummy_weights=dummy_weights,
+        page_size=page_size,
+        max_running_reqs=max_running_reqs,
+        use_cuda_graph=use_cuda_graph,
+        cuda_graph_max_bs=max_running_reqs,
+        attention_backend=attention_backend,
+        device=device,
+        dtype=dtype,
+        **kw,
+    )
+    return LLM(config=SchedulerConfig(engine=engine))
+
+
+def release(llm: LLM) -> None:
+    """Free an engine's GPU memory (KV pool, graphs) so another model can use it."""
+    set_global_ctx(None)
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _sync(llm: LLM) -> None:
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize(llm.device)
+
+
+def run_workload(llm: LLM, workload: Workload, temperature: float = 0.0) -> OfflineResult:
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=temperature) for m in workload.max_tokens]
+    first_step = len(llm.trace)
+    _sync(llm)
+    start = time.perf_counter()
+    outs = llm.generate(workload.prompts, params)
+    _sync(llm)
+    seconds = time.perf_counter() - start
+    token_ids = [o.token_ids for o in outs]
+    for ids, m in zip(token_ids, workload.max_tokens):
+        assert len(ids) == m, f"a request produced {len(ids)} tokens instead of {m}"
+    phases = [t.phase for t in llm.trace[first_step:]]
+    return OfflineResult(seconds, sum(len(t) for t in token_ids), workload.input_tokens, token_ids, phases.count("prefill"), phases.count("decode"))
+
+
+def warm_up(llm: LLM, seed: int = 1) -> None:
+    """A short run through prefill and decode: compiles kernels before the clock starts."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(16, 300))] for _ in range(8)]
+    llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Offline throughput on the nano-vllm workload.")
+    ap.add_argument("--model", default=None, help="model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)")
+    ap.add_argument("--real-weights", action="store_true", help="load the checkpoint instead of random weights")
+    ap.add_argument("--num-seqs", type=int, default=256, help="number of requests")
+    ap.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
+    ap.add_argument("--max-running-reqs", type=int, default=256, help="requests decoded together at most")
+    ap.add_argument("--no-cuda-graph", action="store_true", help="run decode without CUDA graphs")
+    ap.add_argument("--attention-backend", default="auto", help="auto | flashinfer | torch")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
+    ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
+    args = _parse(argv)
+    if args.quick:
+        model = args.model or str(REPO_ROOT / "models" / "tiny-qwen3")
+        workload = make_workload(min(args.num_seqs, 8), 8, 48, 4, 12)
+    else:
+        model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
+        workload = make_workload(args.num_seqs)
+        if args.num_seqs == 256:
+            assert (workload.output_tokens, workload.input_tokens) == (FULL_OUTPUT_TOKENS, FULL_INPUT_TOKENS)
+    dummy = not args.real_weights and not any(Path(model).glob("*.safetensors"))  # config-only folders
+    llm = build_llm(
+        model,
+        dummy_weights=dummy,
+        page_size=args.page_size,
+        max_running_reqs=args.max_running_reqs,
+        use_cuda_graph=not args.no_cuda_graph,
+        attention_backend=args.attention_backend,
+        device=args.device,
+    )
+    eng = llm.engine
+    on_gpu = eng.device.type == "cuda"
+    name = torch.cuda.get_device_name(eng.device) if on_gpu else "CPU"
+    print(f"device: {name}; model {Path(model).name} ({'random' if dummy else 'real'} weights, {eng.dtype}); attention {type(eng.attn_backend).__name__}; cuda graphs {'on' if eng.graph_runner else 'off'}")
+    print(f"KV pool: {eng.num_pages} pages x {eng.page_size} tokens = {eng.num_pages * eng.page_size} tokens, {eng.kv_pool_bytes / 1e9:.2f} GB")
+    warm_up(llm)
+    result = run_workload(llm, workload, args.temperature)
+    print(
+        f"workload: {len(workload.prompts)} requests, {result.input_tokens} prompt tokens, {result.output_tokens} output tokens "
+        f"({result.prefill_steps} prefill + {result.decode_steps} decode steps)"
+    )
+    print(f"minisgl: {result.seconds:.2f} s, {result.tokens_per_s:,.0f} output tok/s")
+    if on_gpu:
+        _print_floor(llm, workload, result)
+    if args.hf_baseline > 0:
+        _compare_hf(llm, model, dummy, workload.head(args.hf_baseline), result, args.temperature)
+    else:
+        release(llm)
+    return result
+
+
+def _print_floor(llm: LLM, workload: Workload, result: OfflineResult) -> None:
+    eng = llm.engine
+    weight_bytes = sum(t.numel() * t.element_size() for t in eng.model.state_dict().values())
+    kv_per_token = eng.kv_cache.bytes_per_page(eng.kv_cache.num_layers, 1, eng.kv_cache.num_kv_heads, eng.kv_cache.head_dim, eng.dtype)
+    bw = measure_copy_bandwidth(eng.device)
+    floor = decode_bytes(workload, weight_bytes, kv_per_token) / bw
+    print(
+        f"memory-bandwidth floor: weights {weight_bytes / 1e9:.2f} GB + live KV ({kv_per_token} B/token) read once per decode step "
+        f"at {bw / 1e12:.2f} TB/s (measured copy) = {floor:.2f} s, i.e. at most {result.output_tokens / floor:,.0f} output tok/s; "
+        f"measured time is {result.seconds / floor:.2f}x the floor"
+    )
+
+
+def _compare_hf(llm: LLM, model: str, dummy: bool, subset: Workload, full: OfflineResult, temperature: float) -> None:
+    from .hf_baseline import build_hf_model, hf_generate
+
+    ours = run_workload(llm, subset, temperature)
+    device, dtype = llm.engine.device, llm.engine.dtype
+    release(llm)
+    hf = build_hf_model(model, dtype, device, dummy)
+    hf_generate(hf, subset.prompts[:2], [4, 4])  # warm-up
+    base = hf_generate(hf, subset.prompts, subset.max_tokens)
+    del hf
+    gc.collect()
+    n = len(subset.prompts)
+    print(f"HF generate (sdpa, one left-padded batch of {n}, greedy): {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} tok/s")
+    print(f"minisgl on the same {n} requests: {ours.seconds:.2f} s = {ours.tokens_per_s:,.0f} tok/s ({ours.tokens_per_s / base.tokens_per_s:.1f}x HF on the same requests)")
+    est = base.seconds * full.output_tokens / base.output_tokens
+    print(
+        f"scaled: HF at {base.tokens_per_s:,.0f} tok/s would need ~{est:.0f} s for the full workload's {full.output_tokens} tokens; "
+        f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

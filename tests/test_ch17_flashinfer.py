@@ -1,0 +1,144 @@
+"""Chapter 17: FlashInfer attention. The page metadata FlashInfer reads is checked against a
+naive construction on the CPU; on a GPU the backend is checked against the PyTorch backend,
+kernel by kernel (prefill with and without a cached prefix, decode; page sizes 1 and 16) and
+end to end through the engine."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+
+from minisgl.attention.flashinfer_backend import page_layout
+from minisgl.attention.registry import resolve_backend_name
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.kernel import gather_page_indices_ref
+from minisgl.kvcache.base import BaseCacheHandle
+from minisgl.kvcache.mha_pool import MHAKVCache
+
+gpu = pytest.mark.gpu
+
+
+# ---- metadata (CPU) -----------------------------------------------------------------------------
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_page_layout_counts_pages_and_the_last_page_fill(page_size):
+    kv_lens = [1, page_size, page_size + 1, 3 * page_size - 1, 37]
+    indptr, last = page_layout(kv_lens, page_size)
+    for i, n in enumerate(kv_lens):
+        pages = indptr[i + 1] - indptr[i]
+        assert (pages - 1) * page_size + last[i] == n, "pages and last-page fill must add up to the length"
+        assert 1 <= last[i] <= page_size
+
+
+def test_page_indices_are_the_first_slot_of_each_page_over_page_size():
+    ps = 4
+    table = torch.zeros(3, 16, dtype=torch.int32)
+    table[1, :10] = torch.tensor([8, 9, 10, 11, 36, 37, 38, 39, 4, 5])  # pages 2, 9, 1
+    table[2, :3] = torch.tensor([20, 21, 22])  # page 5
+    indptr, _ = page_layout([10, 3], ps)
+    got = gather_page_indices_ref(table, torch.tensor([1, 2]), torch.tensor(indptr), ps, indptr[-1])
+    assert got.tolist() == [2, 9, 1, 5]
+
+
+def test_auto_picks_torch_on_the_cpu():
+    assert resolve_backend_name("auto", torch.device("cpu")) == "torch"
+
+
+# ---- kernels against the PyTorch backend (GPU) --------------------------------------------------
+def _batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[tuple], phase: str) -> Batch:
+    """Requests (cached_len, device_len) on rows 0.., each with whole pages of random slots."""
+    ps = kv_cache.page_size
+    free = torch.randperm(kv_cache.num_pages - 1).tolist()  # the last page is the dummy page
+    reqs = []
+    for row, (cached, device) in enumerate(specs):
+        n_pages = -(-device // ps)
+        pages = torch.tensor([free.pop() for _ in range(n_pages)])
+        slots = (pages[:, None] * ps + torch.arange(ps)).flatten()[:device]
+        page_table[row, :device] = slots.to(page_table.device, torch.int32)
+        req = Req(torch.zeros(device, dtype=torch.int32), row, cached, row, SamplingParams(max_tokens=4), BaseCacheHandle(0))
+        req.device_len = device
+        reqs.append(req)
+    rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in reqs]).cuda()
+    pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).cuda()
+    return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long(), padded_size=len(reqs))
+
+
+def _attention_both(specs, phase: str, page_size: int):
+    from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
+    from minisgl.attention.torch_backend import TorchAttnBackend
+
+    torch.manual_seed(0)
+    hq, hkv, d = 16, 8, 128
+    kv = MHAKVCache(2, 4096 // page_size, page_size, hkv, d, torch.bfloat16, torch.device("cuda"))
+    kv.buffer.normal_()
+    table = torch.zeros(len(specs) + 1, 2048, dtype=torch.int32, device="cuda")
+    batch = _batch(kv, table, specs, phase)
+    n = sum(device - cached for cached, device in specs)
+    q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
+    outs = []
+    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq)):
+        backend.prepare_metadata(batch)
+        outs.append(torch.stack([backend.forward(q, k, v, layer, batch) for layer in range(2)]))
+    return outs
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prefill_matches_torch_backend(page_size):
+    # fresh prompts, a cached prefix (radix hit or a later chunk), lengths off the page grid
+    specs = [(0, 1), (0, 37), (16, 200), (48, 49), (0, 513)]
+    want, got = _attention_both(specs, "prefill", page_size)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_matches_torch_backend(page_size):
+    specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
+    want, got = _attention_both(specs, "decode", page_size)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+# ---- through the engine (GPU) -------------------------------------------------------------------
+def small_qwen3(tmp_path: Path) -> str:
+    """Qwen3's shape (head_dim 128, grouped KV heads, qk-norm), two layers: FlashInfer kernels
+    compiled for the benchmark model serve it too."""
+    cfg = json.loads((Path(__file__).resolve().parent.parent / "models" / "qwen3-0.6b-dummy" / "config.json").read_text())
+    cfg.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, vocab_size=2048, max_position_embeddings=4096)
+    cfg.pop("layer_types", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def _first_logits(model: str, backend: str, prompts, page_size: int) -> torch.Tensor:
+    from minisgl.llm import LLM
+
+    llm = LLM(model, dummy_weights=True, dtype="bfloat16", attention_backend=backend, use_cuda_graph=False, page_size=page_size, max_running_reqs=8, num_pages=4096)
+    seen = []
+    sample = llm.engine.sampler.sample
+    llm.engine.sampler.sample = lambda logits, args: (seen.append(logits.float().clone()), sample(logits, args))[1]
+    llm.generate(prompts, SamplingParams(max_tokens=1))
+    return torch.cat(seen)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_engine_logits_match_torch_backend(tmp_path, page_size):
+    from minisgl.engine import EngineConfig
+
+    model = small_qwen3(tmp_path)
+    rng = random.Random(0)
+    prompts = [[rng.randint(0, 2000) for _ in range(n)] for n in (3, 40, 300)]
+    want = _first_logits(model, "torch", prompts, page_size)
+    got = _first_logits(model, "flashinfer", prompts, page_size)
+    assert got.shape == (3, 2048)
+    torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+    assert EngineConfig(model_path=model).attention_backend == "auto"

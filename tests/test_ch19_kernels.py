@@ -1,0 +1,152 @@
+"""Chapter 19: fused kernels. Each PyTorch fallback is checked against a naive reference (or the
+layer it replaces) on the CPU; on a GPU each Triton kernel is checked against its fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl import kernel as K
+from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding
+
+gpu = pytest.mark.gpu
+
+
+def _qkv(tokens: int, hq: int, hkv: int, d: int, dtype, device):
+    """q, k, v as strided views of one fused projection output, as the attention layer makes them."""
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, dtype=dtype, device=device)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return q.view(tokens, hq, d), k.view(tokens, hkv, d), v.view(tokens, hkv, d)
+
+
+# ---- fallbacks against naive references (CPU) --------------------------------------------------
+def test_store_kv_ref_writes_each_token_to_its_slot():
+    _, k, v = _qkv(6, 2, 2, 8, torch.float32, "cpu")
+    k_cache, v_cache = torch.full((20, 2, 8), float("nan")), torch.full((20, 2, 8), float("nan"))
+    loc = torch.tensor([3, 17, 0, 9, 4, 11])
+    K.store_kv(k, v, k_cache, v_cache, loc)
+    for i, slot in enumerate(loc.tolist()):
+        assert torch.equal(k_cache[slot], k[i]) and torch.equal(v_cache[slot], v[i])
+    untouched = torch.ones(20, dtype=torch.bool)
+    untouched[loc] = False
+    assert torch.isnan(k_cache[untouched]).all(), "a slot that was not in out_loc was written"
+
+
+def test_gather_page_indices_ref_matches_a_loop():
+    ps = 4
+    pages = torch.randperm(5 * 64 // ps)
+    table = (pages.view(5, -1, 1) * ps + torch.arange(ps)).view(5, 64).to(torch.int32)  # whole pages per row
+    rows = torch.tensor([4, 1, 2], dtype=torch.int32)
+    kv_lens = [9, 1, 64]
+    pages = [-(-n // ps) for n in kv_lens]
+    indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+    got = K.gather_page_indices(table, rows, indptr, ps, sum(pages), max(pages))
+    want = [int(table[r, j * ps]) // ps for r, n in zip(rows.tolist(), pages) for j in range(n)]
+    assert got.tolist() == want
+
+
+def test_rmsnorm_ref_matches_the_layer():
+    norm = RMSNorm(32, 1e-6, dtype=torch.float32, device=torch.device("cpu"))
+    norm.weight.copy_(torch.randn(32))
+    x, r = torch.randn(5, 32), torch.randn(5, 32)
+    assert torch.equal(K.rmsnorm(x, norm.weight, 1e-6), norm.forward(x))
+    out, s = K.fused_add_rmsnorm(x, r, norm.weight, 1e-6)
+    want_out, want_s = norm.forward_residual(x, r)
+    assert torch.equal(out, want_out) and torch.equal(s, want_s)
+    naive = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    torch.testing.assert_close(K.rmsnorm_ref(x, norm.weight, 1e-6), naive)
+
+
+def test_rope_ref_rotates_each_pair_by_its_angle():
+    rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
+    q, k, _ = _qkv(5, 3, 1, 16, torch.float32, "cpu")
+    pos = torch.tensor([0, 1, 7, 33, 63])
+    got_q, got_k = K.apply_rope(pos, q, k, rope._cos, rope._sin)
+    # the rotate-half layout pairs dimension i with i + 8 and turns the pair by pos * theta_i
+    theta = 10000.0 ** (-torch.arange(0, 16, 2).float() / 16)
+    ang = pos[:, None].float() * theta[None, :]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    a, b = q[..., :8], q[..., 8:]
+    torch.testing.assert_close(got_q, torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got_k, rope.forward(pos, q, k)[1])
+
+
+def test_silu_and_mul_ref():
+    x = torch.randn(3, 20)
+    gate, up = x[:, :10], x[:, 10:]
+    torch.testing.assert_close(K.silu_and_mul(x), gate * torch.sigmoid(gate) * up)
+
+
+# ---- Triton kernels against the fallbacks (GPU) ------------------------------------------------
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype) -> None:
+    assert not torch.isnan(got).any()
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_kernel(dtype):
+    q, k, v = _qkv(37, 16, 8, 128, dtype, "cuda")
+    k_cache = torch.full((1000, 8, 128), float("nan"), dtype=dtype, device="cuda")
+    v_cache = k_cache.clone()
+    loc = torch.randperm(1000, device="cuda")[:37]
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    K.store_kv_ref(k, v, want_k, want_v, loc)
+    K.store_kv(k, v, k_cache, v_cache, loc)
+    assert torch.equal(k_cache.nan_to_num(7.0), want_k.nan_to_num(7.0)) and torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_gather_page_indices_kernel(page_size):
+    rows, seq = 9, 2048
+    pages = torch.randperm(rows * seq // page_size, device="cuda")
+    table = (pages.view(rows, -1, 1) * page_size + torch.arange(page_size, device="cuda")).view(rows, seq).to(torch.int32)
+    batch_rows = torch.tensor([8, 0, 3, 5], dtype=torch.int32, device="cuda")
+    kv_lens = [1, 700, 2048, 33]
+    counts = [-(-n // page_size) for n in kv_lens]
+    indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total = sum(counts)
+    got = K.gather_page_indices(table, batch_rows, indptr, page_size, total, max(counts), out=torch.full((total + 5,), -1, dtype=torch.int32, device="cuda"))
+    assert torch.equal(got[:total], K.gather_page_indices_ref(table, batch_rows, indptr, page_size, total))
+    assert (got[total:] == -1).all()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_kernels(dtype):
+    w = torch.randn(1024, dtype=dtype, device="cuda")
+    x, r = torch.randn(77, 1024, dtype=dtype, device="cuda"), torch.randn(77, 1024, dtype=dtype, device="cuda")
+    _close(K.rmsnorm(x, w, 1e-6), K.rmsnorm_ref(x, w, 1e-6), dtype)
+    out, s = K.fused_add_rmsnorm(x, r, w, 1e-6)
+    want_out, want_s = K.fused_add_rmsnorm_ref(x, r, w, 1e-6)
+    assert torch.equal(s, want_s)
+    _close(out, want_out, dtype)
+    q, k, _ = _qkv(77, 16, 8, 128, dtype, "cuda")  # per-head norm on strided views
+    wq = torch.randn(128, dtype=dtype, device="cuda")
+    _close(K.rmsnorm(q, wq, 1e-6), K.rmsnorm_ref(q, wq, 1e-6), dtype)
+    _close(K.rmsnorm(k, wq, 1e-6), K.rmsnorm_ref(k, wq, 1e-6), dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_kernel(dtype):
+    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
+    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
+    pos = torch.randint(0, 4096, (50,), device="cuda")
+    for got, want in zip(K.apply_rope(pos, q, k, rope._cos, rope._sin), K.apply_rope_ref(pos, q, k, rope._cos, rope._sin)):
+        _close(got, want, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_kernel(dtype):
+    x = torch.randn(33, 2 * 3072, dtype=dtype, device="cuda")
+    _close(K.silu_and_mul(x), K.silu_and_mul_ref(x), dtype)
+    assert torch.equal(K.silu_and_mul(x[:0]), K.silu_and_mul_ref(x[:0]))
