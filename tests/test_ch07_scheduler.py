@@ -1,0 +1,218 @@
+"""Chapter 7, the scheduler and the offline LLM.
+
+Claims: `LLM.generate` returns transformers' greedy tokens for every architecture, also when
+more requests arrive than there are table rows (continuous batching: requests join and leave
+the running batch between steps); requests that can never run are refused up front with an
+`InvalidRequestError` that names the limit, and leave nothing allocated; seeded sampling is
+reproducible and independent of the batch a request lands in; degenerate sampling is greedy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from helpers import (
+    MAX_TOKENS,
+    SMOLLM2,
+    TINY_LLAMA,
+    TINY_QWEN2,
+    TINY_QWEN3,
+    build_llm,
+    generate_ids,
+    prompt_ids,
+    small_engine_kwargs,
+)
+from minisgl.core import InvalidRequestError, SamplingParams
+from minisgl.engine import EngineConfig
+from minisgl.llm import LLM
+from minisgl.scheduler import SchedulerConfig
+
+
+@pytest.mark.parametrize("path", [TINY_LLAMA, TINY_QWEN2, TINY_QWEN3], ids=lambda p: p.name)
+def test_generate_matches_transformers_greedy(path, hf_refs):
+    """Built with keyword arguments: `LLM(path, page_size=..., max_running_reqs=...)`."""
+    llm = LLM(str(path), **small_engine_kwargs(page_size=1, max_running_reqs=8))
+    prompts = prompt_ids(path)
+    expected = [hf_refs.get(path, p, n) for p, n in zip(prompts, MAX_TOKENS)]
+    assert generate_ids(llm, prompts, MAX_TOKENS) == expected
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """SmolLM2 with two table rows, so eight prompts must take turns."""
+    return build_llm(SMOLLM2, prefix_cache="naive", max_running_reqs=2)
+
+
+def test_continuous_batching_with_more_requests_than_rows(smol, hf_refs):
+    prompts = prompt_ids()
+    smol.trace.clear()
+    got = generate_ids(smol, prompts, MAX_TOKENS)
+    assert got == [hf_refs.get(SMOLLM2, p, n) for p, n in zip(prompts, MAX_TOKENS)]
+    assert max(len(t.uids) for t in smol.trace) == 2  # never more running than rows
+    phases = [t.phase for t in smol.trace]
+    first_decode = phases.index("decode")
+    assert "prefill" in phases[first_decode:], "new requests should join while others decode"
+    # every request is prefilled exactly once (no chunking here) and in arrival order
+    prefilled = [uid for t in smol.trace if t.phase == "prefill" for uid in t.uids]
+    assert prefilled == sorted(prefilled) and len(prefilled) == len(prompts)
+
+
+def test_results_come_back_in_prompt_order_with_finish_reasons(smol):
+    outs = smol.generate([[504, 3575], [28]], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=1)])
+    smol.assert_all_free()
+    assert [o.prompt_ids for o in outs] == [[504, 3575], [28]]
+    assert [len(o.token_ids) for o in outs] == [2, 1]
+    assert all(o.finish_reason == "length" for o in outs)
+    assert outs[0].text == smol.tokenizer.decode(outs[0].token_ids, skip_special_tokens=True)
+
+
+def test_chat_prompt_stops_at_eos_with_reason_stop(smol, hf_refs):
+    question = "What is 2+2? Answer with just the number."
+    ids = smol.encode(question, chat=True)
+    expected = hf_refs.get(SMOLLM2, ids, 20)
+    assert expected[-1] in smol.eos_ids and len(expected) < 20  # the oracle itself stops early
+    out = smol.generate([question], SamplingParams(max_tokens=20), chat=True)[0]
+    smol.assert_all_free()
+    assert out.prompt_ids == ids and out.token_ids == expected and out.finish_reason == "stop"
+
+
+def test_stop_token_ids_and_ignore_eos(smol, hf_refs):
+    prompt = prompt_ids()[3]  # "1, 2, 3," -> " 4, 5, ..."
+    ref = hf_refs.get(SMOLLM2, prompt, 6)
+    out = smol.generate([prompt], SamplingParams(max_tokens=6, stop_token_ids=(ref[2],)))[0]
+    assert out.token_ids == ref[:3] and out.finish_reason == "stop"
+    question = smol.encode("What is 2+2? Answer with just the number.", chat=True)
+    n = len(hf_refs.get(SMOLLM2, question, 20))
+    out = smol.generate([question], SamplingParams(max_tokens=n + 2, ignore_eos=True))[0]
+    assert len(out.token_ids) == n + 2 and out.finish_reason == "length"
+    smol.assert_all_free()
+
+
+# ---- requests that can never run ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_llm(TINY_QWEN3, max_seq_len=64, num_pages=40, page_size=4)
+
+
+def test_prompt_longer_than_the_context_is_refused_naming_the_limit(tiny):
+    with pytest.raises(InvalidRequestError, match="context is 64 tokens"):
+        tiny.generate([list(range(100, 170))], SamplingParams(max_tokens=1))
+    with pytest.raises(InvalidRequestError, match="max_tokens to at most 4"):
+        tiny.generate([list(range(100, 160))], SamplingParams(max_tokens=8))
+    tiny.assert_all_free()
+
+
+def test_request_larger_than_the_kv_pool_is_refused(tiny):
+    small = build_llm(TINY_QWEN3, max_seq_len=64, num_pages=4, page_size=4)  # 16 tokens of KV
+    with pytest.raises(InvalidRequestError, match="KV memory"):
+        small.generate([list(range(100, 120))], SamplingParams(max_tokens=2))
+    small.assert_all_free()
+
+
+def test_empty_prompt_is_refused(tiny):
+    with pytest.raises(InvalidRequestError, match="empty"):
+        tiny.generate([[]], SamplingParams(max_tokens=2))
+    tiny.assert_all_free()
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_non_positive_max_tokens_is_refused(max_tokens):
+    with pytest.raises(InvalidRequestError, match=f"max_tokens must be a positive integer, got {max_tokens}"):
+        SamplingParams(max_tokens=max_tokens)
+
+
+def test_one_bad_prompt_refuses_the_whole_call_before_anything_runs(tiny):
+    steps = len(tiny.trace)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        tiny.generate([[5, 6, 7], []], SamplingParams(max_tokens=2))
+    assert len(tiny.trace) == steps and tiny.is_idle
+    tiny.assert_all_free()
+    assert tiny.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+
+
+def test_add_request_validates_too(tiny):
+    with pytest.raises(InvalidRequestError, match="empty"):
+        tiny.add_request([], SamplingParams())
+    assert tiny.is_idle
+    tiny.assert_all_free()
+
+
+def test_prompt_as_a_single_string_is_a_type_error(tiny):
+    with pytest.raises(TypeError, match="list of prompts"):
+        tiny.generate("hello")  # type: ignore[arg-type]
+
+
+def test_unknown_architecture_is_refused_by_llm(tmp_path):
+    for f in TINY_LLAMA.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["architectures"] = ["NotARealModelForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="NotARealModelForCausalLM.*supported"):
+        LLM(str(tmp_path), **small_engine_kwargs())
+
+
+@pytest.mark.parametrize("page_size", [3, 0])
+def test_bad_page_size_is_refused_by_llm(page_size):
+    with pytest.raises(ValueError, match="page_size must be a power of two"):
+        LLM(str(TINY_QWEN3), **small_engine_kwargs(page_size=page_size))
+
+
+def test_bad_scheduler_settings_are_refused():
+    engine = EngineConfig(model_path=str(TINY_QWEN3))
+    with pytest.raises(ValueError, match="prefix_cache"):
+        SchedulerConfig(engine=engine, prefix_cache="lru")
+    with pytest.raises(ValueError, match="max_extend_tokens"):
+        SchedulerConfig(engine=engine, max_extend_tokens=0)
+
+
+# ---- sampling through the whole engine -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sampler_llm():
+    # a random-weight model: its next-token distribution is nearly flat, so sampling varies a lot
+    return build_llm(TINY_LLAMA, max_running_reqs=4)
+
+
+def _sampled(llm, prompts, params):
+    outs = llm.generate(prompts, params)
+    llm.assert_all_free()
+    return [o.token_ids for o in outs]
+
+
+def test_seeded_sampling_is_reproducible_across_runs_and_engines(sampler_llm):
+    prompts = prompt_ids(TINY_LLAMA)[:3]
+    params = [SamplingParams(max_tokens=8, temperature=1.0, seed=s) for s in (1, 2, 3)]
+    first = _sampled(sampler_llm, prompts, params)
+    assert _sampled(sampler_llm, prompts, params) == first
+    fresh = build_llm(TINY_LLAMA, max_running_reqs=2, page_size=4)
+    assert _sampled(fresh, prompts, params) == first
+    assert len({tuple(t) for t in first}) == 3
+    other = _sampled(sampler_llm, prompts, [SamplingParams(max_tokens=8, temperature=1.0, seed=s) for s in (4, 5, 6)])
+    assert other != first  # the seed matters
+
+
+def test_seeded_sampling_does_not_depend_on_batch_composition(sampler_llm):
+    prompts = prompt_ids(TINY_LLAMA)
+    mine = SamplingParams(max_tokens=8, temperature=0.9, top_k=50, top_p=0.9, seed=77)
+    alone = _sampled(sampler_llm, [prompts[2]], [mine])[0]
+    crowd = [SamplingParams(max_tokens=n, temperature=1.3, seed=i) for i, n in enumerate([3, 9, 5])]
+    together = _sampled(sampler_llm, [prompts[0], prompts[5], prompts[2], prompts[7]], [crowd[0], crowd[1], mine, crowd[2]])
+    assert together[2] == alone
+
+
+@pytest.mark.parametrize(
+    "params",
+    [dict(temperature=0.0, seed=3), dict(temperature=1.0, top_k=1, seed=3), dict(temperature=1.0, top_p=1e-6, seed=3)],
+    ids=["temperature=0", "top_k=1", "top_p=tiny"],
+)
+def test_degenerate_sampling_equals_greedy(sampler_llm, hf_refs, params):
+    prompts = prompt_ids(TINY_LLAMA)[:4]
+    got = _sampled(sampler_llm, prompts, [SamplingParams(max_tokens=6, **params)] * 4)
+    assert got == [hf_refs.get(TINY_LLAMA, p, 6) for p in prompts]
