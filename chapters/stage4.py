@@ -90,3 +90,21 @@ def load_results(relpath: str) -> Optional[dict]:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
+
+
+# Where measured GPU runs commit their results (JSON); the first one found is used.
+RESULT_GLOBS = ("minisgl/benchmark/results/*.json", "minisgl/benchmark/*.json", "docs/results/*.json", "docs/*.json")
+
+
+def gpu_results(topic: str) -> Optional[dict]:
+    """The entry `topic` of a committed GPU results file, or None when none has been measured.
+    Numbers in the chapters come only from such files, never from estimates."""
+    for pattern in RESULT_GLOBS:
+        for path in sorted(REPO.glob(pattern)):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and topic in data:
+                return data[topic]
+    return None
