@@ -108,6 +108,10 @@ def test_decode_matches_torch_backend(page_size):
 
 
 # ---- through the engine (GPU) -------------------------------------------------------------------
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
 def small_qwen3(tmp_path: Path) -> str:
     """Qwen3's shape (head_dim 128, grouped KV heads, qk-norm), two layers: FlashInfer kernels
     compiled for the benchmark model serve it too."""
@@ -139,6 +143,7 @@ def test_engine_logits_match_torch_backend(tmp_path, page_size):
     prompts = [[rng.randint(0, 2000) for _ in range(n)] for n in (3, 40, 300)]
     want = _first_logits(model, "torch", prompts, page_size)
     got = _first_logits(model, "flashinfer", prompts, page_size)
-    assert got.shape == (3, 2048)
-    torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+    assert got.shape == (3, 2048) and not torch.isnan(got).any()
+    assert rel_err(got, want) < 3e-2  # bf16 rounding through two layers, nothing more
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert EngineConfig(model_path=model).attention_backend == "auto"
