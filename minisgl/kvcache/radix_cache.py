@@ -169,7 +169,7 @@ class RadixPrefixCache(BasePrefixCache):
             if not n.parent.is_root:
                 assert n.parent.ref_count >= n.ref_count, "a locked node's parent is not locked"
             for key, child in n.children.items():
-                assert child.parent is n and key == self._edge(child.key, 0)
+                assert child.parent is n and key == self._edge(child.key, 0), "child is not filed under its first page"
             if n.ref_count == 0:
                 evictable += len(n)
             else:
