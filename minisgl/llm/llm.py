@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
+import torch
+
 from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import Scheduler, SchedulerConfig
@@ -78,17 +80,24 @@ class LLM(TensorParallelMixin, Scheduler):
         encoded = [self.encode(p, chat) for p in prompts]
         for ids, sp in zip(encoded, params):
             self.validate(ids, sp)
-        uids = []
-        for ids, sp in zip(encoded, params):
-            uid = self.add_request(ids, sp)
-            self._outputs[uid] = RequestOutput(uid, list(ids))
-            uids.append(uid)
+        uids = [self.add_request(ids, sp) for ids, sp in zip(encoded, params)]
         while not self.is_idle:
             self.step()
-        results = [self._outputs.pop(uid) for uid in uids]
+        results = [self.take_output(uid) for uid in uids]
         for out in results:
             out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         return results
+
+    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
+        """Queue a request and open its output record (so requests added by hand, then driven
+        with `step()`, are collected like those of `generate`); read it with `take_output`."""
+        uid = super().add_request(input_ids, params, uid)
+        self._outputs[uid] = RequestOutput(uid, [int(t) for t in input_ids])
+        return uid
+
+    def take_output(self, uid: int) -> RequestOutput:
+        """Remove and return the output record of request `uid` (finished or not)."""
+        return self._outputs.pop(uid)
 
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
         out = self._outputs[req.uid]

@@ -3,7 +3,7 @@
 Streaming responses are Server-Sent Events: ``data: <json>\\n\\n`` per chunk, then
 ``data: [DONE]``. We wait for the first reply before answering, so a refused request gets a real
 HTTP error status instead of a stream that fails halfway. If the client goes away, its handler is
-cancelled, and cancelling `FrontendManager.generate` aborts the request in the scheduler.
+cancelled, and closing its `RequestStream` aborts the request in the scheduler.
 """
 
 from __future__ import annotations
@@ -38,15 +38,19 @@ class ClientGone(Exception):
 
 
 async def until_done_or_gone(request: Request, aw: Awaitable[T], poll_s: float = 0.5) -> T:
-    """Await `aw` unless the client disconnects first; then cancel it (which aborts the request)."""
+    """Await `aw` unless the client disconnects first (then raise ClientGone)."""
     task = asyncio.ensure_future(aw)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=poll_s)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
+    try:
+        if await request.is_disconnected():  # tokens may flow faster than poll_s: check every time
             raise ClientGone()
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        task.cancel()  # no-op when done; else (gone, or we are cancelled) stop waiting
 
 
 def sse(data: Any) -> str:
@@ -99,22 +103,22 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     async def run(request: Request, body: _Common, prompt: Any, chat: bool, make_chunk, make_final) -> Any:
         if body.model not in names:
             return error(404, f"model {body.model!r} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
-        gen = frontend.generate(prompt, chat, body.sampling_params(), body.limit() is None, body.stop_list())
+        stream = await frontend.submit(prompt, chat, body.sampling_params(), body.limit() is None, body.stop_list())
         try:
-            first = await until_done_or_gone(request, gen.__anext__())
+            first = await until_done_or_gone(request, stream.next())
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-{first.uid}"
+            if not body.stream:
+                replies = [first]
+                while not replies[-1].finished:
+                    replies.append(await until_done_or_gone(request, stream.next()))
+                return make_final(rid, "".join(r.text for r in replies), replies[-1])
         except RequestFailed as e:
             return error(e.status, e.message)
         except ClientGone:
             return error(499, "client closed the request")
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{first.uid}"
-        if not body.stream:
-            replies = [first]
-            try:
-                while not replies[-1].finished:
-                    replies.append(await until_done_or_gone(request, gen.__anext__()))
-            except ClientGone:
-                return error(499, "client closed the request")
-            return make_final(rid, "".join(r.text for r in replies), replies[-1])
+        finally:
+            if not body.stream or stream.finished:
+                stream.close()  # aborts the request unless it finished
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -131,12 +135,12 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
                         if include_usage:
                             yield sse({**make_chunk(rid, None, None), "choices": [], "usage": usage(reply)})
                         break
-                    reply = await until_done_or_gone(request, gen.__anext__())
+                    reply = await until_done_or_gone(request, stream.next())
                 yield "data: [DONE]\n\n"
             except ClientGone:
-                pass  # nobody to tell; closing `gen` below aborts the request
+                pass  # nobody to tell; closing the stream below aborts the request
             finally:
-                await gen.aclose()  # a no-op when finished; else it aborts the request
+                stream.close()  # runs on normal end, on ClientGone, and when Starlette cancels us
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, AsyncIterator, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set
 
 from minisgl.core import SamplingParams
 from minisgl.message import AbortMsg, BatchMsg, ErrorReply, StatusMsg, StatusQuery, TokenizeMsg, UserReply
@@ -54,33 +54,19 @@ class FrontendManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def generate(
+    async def submit(
         self,
         prompt: Prompt,
         chat: bool,
         params: SamplingParams,
         max_tokens_from_context: bool = False,
         stop: Optional[List[str]] = None,
-    ) -> AsyncIterator[UserReply]:
-        """Replies for one request until the finished one. Raises RequestFailed if refused.
-        If the consumer stops early (closed or cancelled), the request is aborted."""
-        uid = next(self._uids)
-        q: asyncio.Queue = asyncio.Queue()
-        self.queues[uid] = q
-        finished = False
-        try:
-            await self.to_tokenizer.put(TokenizeMsg(uid, prompt, chat, params, max_tokens_from_context, list(stop or [])))
-            while not finished:
-                reply = await q.get()
-                if isinstance(reply, ErrorReply):
-                    finished = True
-                    raise RequestFailed(reply.status, reply.message)
-                finished = reply.finished
-                yield reply
-        finally:
-            del self.queues[uid]
-            if not finished:
-                self._send_later(AbortMsg(uid))
+    ) -> "RequestStream":
+        """Send a request; read its replies from the returned stream, and close it when done."""
+        stream = RequestStream(self, next(self._uids))
+        self.queues[stream.uid] = stream.queue
+        await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context, list(stop or [])))
+        return stream
 
     async def status(self, timeout_s: float = 10.0) -> StatusMsg:
         uid = next(self._uids)
@@ -91,3 +77,33 @@ class FrontendManager:
             return await asyncio.wait_for(q.get(), timeout_s)
         finally:
             del self.queues[uid]
+
+
+class RequestStream:
+    """Replies of one request. `close()` is synchronous, so any `finally` can call it -- even in a
+    handler being cancelled because its client went away; closing early aborts the request."""
+
+    def __init__(self, frontend: FrontendManager, uid: int):
+        self.frontend = frontend
+        self.uid = uid
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+        self.closed = False
+
+    async def next(self) -> UserReply:
+        """The next reply (the last one has `finished=True`). Raises RequestFailed if refused."""
+        assert not self.finished, "the request is over"
+        reply = await self.queue.get()
+        if isinstance(reply, ErrorReply):
+            self.finished = True
+            raise RequestFailed(reply.status, reply.message)
+        self.finished = reply.finished
+        return reply
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.frontend.queues.pop(self.uid, None)
+        if not self.finished:
+            self.frontend._send_later(AbortMsg(self.uid))

@@ -1,0 +1,92 @@
+"""Start a real `python -m minisgl` server on a free port for the serving tests, and take it down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> List[int]:
+    """Direct children of `pid` (Linux /proc)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.split(")")[-1].split()[0] != "Z"  # a zombie has exited
+
+
+class ServerProcess:
+    def __init__(self, model: str, *extra: str, timeout_s: float = 300.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "minisgl", "--model", str(REPO_ROOT / model), "--port", str(self.port), *extra]
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="minisgl-server-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=30).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not up within {timeout_s} s:\n{self.output()}")
+            time.sleep(0.5)
+        self.children = child_pids(self.proc.pid)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=30).json()
+
+    def wait_idle(self, timeout_s: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            h = self.health()
+            if h["idle"] and h["live_requests"] == 0 or time.monotonic() > deadline:
+                return h
+            time.sleep(0.2)
+
+    def stop(self, sig: int = signal.SIGTERM) -> Optional[int]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+        return self.proc.returncode
