@@ -108,3 +108,80 @@ def gpu_results(topic: str) -> Optional[dict]:
             if isinstance(data, dict) and topic in data:
                 return data[topic]
     return None
+
+
+# ---- chapter 18: CUDA graphs, emulated on the CPU ----------------------------------------------
+class EmulatedGraph:
+    """Stands in for `torch.cuda.CUDAGraph` where there is no GPU. A real graph records kernels
+    reading and writing fixed addresses and replays them without Python; this one records a
+    function reading the same static buffers, and replay reruns it into the same output tensor.
+    It keeps the graph's *contract* (fixed shapes, fixed buffers in and out) and none of its speed."""
+
+    def __init__(self, fn):
+        self._fn = fn
+        self.output = fn()  # "capture": the output tensor is fixed from now on
+
+    def replay(self) -> None:
+        self.output.copy_(self._fn())
+
+
+def cpu_graph_backend(engine):
+    """The engine's torch attention backend plus the CUDA-graph hooks, so `GraphRunner.run` can be
+    driven on the CPU: padding requests (beyond `batch.reqs`, up to `batch.padded_size`) read and
+    write only the page table's dummy row, exactly as the FlashInfer backend arranges on GPUs."""
+    from types import SimpleNamespace
+
+    from minisgl.attention.torch_backend import TorchAttnBackend
+
+    dummy_row = engine.page_table.shape[0] - 1
+
+    class CpuGraphBackend(TorchAttnBackend):
+        planned: dict = {}  # padded batch size -> the metadata its graph reads (a wrapper's fixed buffers on GPUs)
+
+        def supports_cuda_graph(self) -> bool:
+            return True
+
+        def init_capture_graph(self, max_bs, bs_list) -> None:
+            pass
+
+        def _padded(self, batch) -> None:
+            pad = [SimpleNamespace(table_idx=dummy_row, device_len=1, cached_len=0, extend_len=1)] * (batch.padded_size - batch.size)
+            reqs, batch.reqs = batch.reqs, list(batch.reqs) + pad
+            try:
+                self.prepare_metadata(batch)
+            finally:
+                batch.reqs = reqs
+            self.planned[batch.padded_size] = batch.attn_metadata
+
+        prepare_for_capture = prepare_for_replay = _padded
+
+    backend = CpuGraphBackend(engine.kv_cache, engine.page_table, engine.dummy_page * engine.page_size)
+    engine.attn_backend = engine.ctx.attn_backend = backend
+    return backend
+
+
+def emulated_graph_runner(engine, max_bs: int):
+    """A `GraphRunner` whose capture makes `EmulatedGraph`s instead of CUDA graphs; everything
+    else (batch sizes, static buffers, padding, `run`) is the engine's own code. Installed on
+    `engine`, so `engine.forward_batch` replays it for decode batches."""
+    from minisgl.engine.graph import GraphRunner
+
+    class EmulatedGraphRunner(GraphRunner):
+        def _capture_all(self) -> None:
+            engine, ctx = self.engine, self.engine.ctx
+            engine.attn_backend.init_capture_graph(self.max_bs, self.bs_list)
+            for bs in reversed(self.bs_list):
+                batch = self._static_batch(bs)
+                engine.attn_backend.prepare_for_capture(batch)
+
+                def forward(batch=batch, bs=bs):
+                    batch.attn_metadata = engine.attn_backend.planned[bs]  # re-planned before each replay
+                    with ctx.forward_batch(batch):
+                        return engine.model.forward()
+
+                self.graphs[bs] = EmulatedGraph(forward)
+                self.logits[bs] = self.graphs[bs].output
+
+    cpu_graph_backend(engine)
+    engine.graph_runner = EmulatedGraphRunner(engine, max_bs)
+    return engine.graph_runner
