@@ -194,7 +194,7 @@ def test_worker_error_mid_step_surfaces_its_traceback():
     check_tp_split(ModelConfig.from_dir(TINY_QWEN3), 2)  # the model itself was fine
 
 
-# ---- GPU: the same over NCCL ---------------------------------------------------------------------
+# ---- teacher-forced logits on every position; the GPU runs over NCCL ------------------------------
 
 
 def _need_gpus(n: int) -> None:
@@ -202,13 +202,13 @@ def _need_gpus(n: int) -> None:
         pytest.skip(f"needs {n} GPUs, found {torch.cuda.device_count()}")
 
 
-def teacher_forced_logits(path: str, rank: int, size: int, ids: List[int], dtype: str) -> torch.Tensor:
+def teacher_forced_logits(path: str, rank: int, size: int, ids: List[int], dtype: str, device: str = "cuda") -> torch.Tensor:
     """`[len(ids), vocab]` logits of one prefill over `ids`, every position kept."""
     from minisgl.core import Batch, set_global_ctx
     from minisgl.engine import Engine, EngineConfig
     from helpers import make_req
 
-    engine = Engine(EngineConfig(model_path=path, device=f"cuda:{rank}", dtype=dtype, tp_rank=rank, tp_size=size,
+    engine = Engine(EngineConfig(model_path=path, device=f"cuda:{rank}" if device == "cuda" else device, dtype=dtype, tp_rank=rank, tp_size=size,
                                  num_pages=256, max_seq_len=256, max_running_reqs=2, attention_backend="torch",
                                  use_cuda_graph=False))  # fmt: skip
     n, dev = len(ids), engine.device
@@ -224,6 +224,19 @@ def teacher_forced_logits(path: str, rank: int, size: int, ids: List[int], dtype
     engine.attn_backend.prepare_metadata(batch)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         return engine.model.forward().float().cpu()
+
+
+def f32_cpu_logits_on_rank(rank: int, size: int):
+    return teacher_forced_logits(str(MODELS / "tiny-qwen3-moe"), rank, size, PROMPTS[2], "float32", device="cpu")
+
+
+def test_gloo_tp2_teacher_forced_logits_match_transformers():
+    """Every position's logits, not just the argmax: TP=2 over gloo vs transformers, float32."""
+    from helpers import hf_logits
+
+    ranks = run_on_ranks(f32_cpu_logits_on_rank, 2)
+    assert torch.equal(ranks[0], ranks[1])
+    torch.testing.assert_close(ranks[0], hf_logits(MODELS / "tiny-qwen3-moe", PROMPTS[2]), rtol=1e-4, atol=1e-5)
 
 
 def bf16_logits_on_rank(rank: int, size: int):
