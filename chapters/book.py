@@ -47,6 +47,9 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     after switching chapters never mixes two stages.
     """
     global _CHAPTER
+    # progress bars print timings that differ run to run; notebooks keep their outputs stable
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     stages = _stages_module()
     stage = stages.build(n)
     _purge_minisgl()
@@ -59,8 +62,9 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     import torch
 
     torch.manual_seed(0)
-    # two threads give the same numbers on every machine CI might use, and are not slower here
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # One thread by default: a 135M model gains little from more on a laptop, every run does the
+    # same arithmetic in the same order, and a busy machine cannot stall a thread team.
+    torch.set_num_threads(int(os.environ.get("MINISGL_NUM_THREADS", "1")))
     if not quiet:
         total, new, _ = stages.summary(n)
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,99 @@
+"""Figures for chapters 00-05. Drawing only: every number drawn comes from the caller."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+BLUE, ORANGE, GREEN, GREY, RED, PURPLE = "#4e79a7", "#f28e2b", "#59a14f", "#d9d9d9", "#e15759", "#b07aa1"
+REQ_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"]
+
+
+def _box(ax, x, y, w, h, text, color, fontsize=9):
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor=color, edgecolor="#333", linewidth=0.8, alpha=0.9))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, a, b, text="", color="#333"):
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=12, color=color, linewidth=1))
+    if text:
+        ax.text((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 + 0.12, text, ha="center", fontsize=7.5, color="#555")
+
+
+def request_path():
+    """The path of one request through a serving engine, with the chapter that builds each part."""
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    ax.set_xlim(0, 11), ax.set_ylim(0, 3.6), ax.axis("off")
+    _box(ax, 0.1, 2.4, 1.5, 0.8, "client\n(HTTP / LLM)", GREY)
+    _box(ax, 2.1, 2.4, 1.6, 0.8, "tokenizer\nch 13", "#cfe2f3")
+    _box(ax, 4.3, 2.4, 2.0, 0.8, "scheduler\nch 7-11, 14", "#fde9c9")
+    _box(ax, 4.3, 0.3, 2.0, 1.2, "engine  ch 6\nmodel ch 2-3\nattention ch 5", "#d9ead3")
+    _box(ax, 7.0, 0.3, 1.7, 1.2, "KV pool +\npage table\nch 4", "#d9ead3")
+    _box(ax, 7.0, 2.4, 1.7, 0.8, "detokenizer\nch 13", "#cfe2f3")
+    _box(ax, 9.3, 2.4, 1.5, 0.8, "text\nstreams back", GREY)
+    _arrow(ax, (1.6, 2.8), (2.1, 2.8), "prompt")
+    _arrow(ax, (3.7, 2.8), (4.3, 2.8), "token ids")
+    _arrow(ax, (5.0, 2.4), (5.0, 1.5), "batch")
+    _arrow(ax, (5.6, 1.5), (5.6, 2.4), "next tokens")
+    _arrow(ax, (6.3, 0.9), (7.0, 0.9), "")
+    _arrow(ax, (6.3, 2.8), (7.0, 2.8), "token ids")
+    _arrow(ax, (8.7, 2.8), (9.3, 2.8), "")
+    ax.text(5.3, 1.95, "once per step", fontsize=7.5, color="#555", ha="center", rotation=0)
+    ax.set_title("One request's path; the numbers are the chapters that build each part", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def step_times(series: Dict[str, Sequence[float]], title: str):
+    """Milliseconds per generated token, one line per variant."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    for (name, ys), color in zip(series.items(), [BLUE, ORANGE, GREEN]):
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", markersize=3, label=name, color=color)
+    ax.set_xlabel("generated token"), ax.set_ylabel("ms"), ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0), ax.legend(frameon=False), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def cost_vs_length(lengths: Sequence[int], series: Dict[str, Sequence[float]], title: str):
+    """Milliseconds for one step against the number of tokens already in the sequence."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    for (name, ys), color in zip(series.items(), [ORANGE, BLUE, GREEN]):
+        ax.plot(lengths, ys, marker="o", label=name, color=color)
+    ax.set_xlabel("tokens in the sequence"), ax.set_ylabel("ms for the next token")
+    ax.set_title(title, fontsize=10), ax.set_ylim(bottom=0), ax.legend(frameon=False), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def text_table(rows: Sequence[Dict[str, object]]) -> str:
+    """A fixed-width table as text: stable, so a notebook can check it verbatim."""
+    cols = list(rows[0])
+    cells = [[str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    fmt = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([fmt(cols), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells])
+
+
+def ledger_bar(row: Dict[str, object], ax=None):
+    """One request's positions coloured by the ledger: cached, pending for the next pass, room left.
+    The lower strip marks the positions whose token *value* the host already has."""
+    cached, device, top, host = (int(row[k]) for k in ("cached_len", "device_len", "max_device_len", "on_host"))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 1.9))
+    ax.clear()
+    for start, end, color, label in [(0, cached, GREEN, "cached (KV in the pool)"),
+                                     (cached, device, ORANGE, "extend: computed by the next pass"),
+                                     (device, top, GREY, "remain: room to generate")]:
+        if end > start:
+            ax.barh(1, end - start, left=start, color=color, edgecolor="white", label=label, height=0.7)
+    ax.barh(0, host, left=0, color=BLUE, height=0.5, label="token value known on the host")
+    ax.set_yticks([0, 1], ["host", "ledger"]), ax.set_xlim(0, top), ax.set_ylim(-0.5, 1.5)
+    ax.set_xticks(range(0, top + 1, 2)), ax.set_xlabel("position")
+    ax.set_title(str(row["event"]), fontsize=10, loc="left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    ax.figure.tight_layout()
+    return ax.figure
