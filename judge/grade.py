@@ -100,11 +100,20 @@ def _expected(ref: WorkerReport, recorded: Optional[Dict[str, Any]], use_recorde
     return exp
 
 
-def grade(exercise_id: str, path: Optional[str | Path] = None, *, seed: Optional[int] = None, save: bool = True, timeout_scale: float = 1.0) -> GradeResult:
+def grade(
+    exercise_id: str,
+    path: Optional[str | Path] = None,
+    *,
+    seed: Optional[int] = None,
+    save: bool = True,
+    timeout_scale: float = 1.0,
+    memory_limit_gb: Optional[float] = None,
+) -> GradeResult:
     """Grade `path` (default: work/<id>.py) on exercise `exercise_id`; returns a GradeResult.
 
     The reference and the learner's piece each run in a subprocess, in parallel. Seeded cases get
-    fresh seeds unless `seed` fixes them."""
+    fresh seeds unless `seed` fixes them. `timeout_scale` and `memory_limit_gb` adjust the limits
+    (for slow machines, or tests of the limits themselves)."""
     ex = registry.load(exercise_id)
     file = Path(path) if path is not None else registry.learner_path(exercise_id)
     if not file.is_file():
@@ -126,7 +135,7 @@ def grade(exercise_id: str, path: Optional[str | Path] = None, *, seed: Optional
         notes.append("no recorded reference outputs: the reference ran on this machine")
     else:
         notes.append(f"reference outputs were recorded on {reference.describe(recorded['fingerprint'])}; this machine differs, so the reference was recomputed here")
-    kw = dict(memory_limit_gb=ex.memory_limit_gb, threads=default_threads(2), use_cuda=use_cuda)
+    kw = dict(memory_limit_gb=memory_limit_gb or ex.memory_limit_gb, threads=default_threads(2), use_cuda=use_cuda)
     with ThreadPoolExecutor(2) as pool:
         ref_future = pool.submit(run_cases, exercise_id, None, ref_jobs, **kw) if ref_jobs else None
         got = pool.submit(run_cases, exercise_id, file, jobs, **kw).result()

@@ -104,7 +104,7 @@ def run_cases(
                     preexec_fn=_limit_address_space(None if use_cuda else limit + (2 << 30)),
                 )
             stop, killed_for = _watch(proc, out_path, remaining, report, limit, on_done)
-            err_tail = err_path.read_bytes()[-1500:].decode(errors="replace").strip()
+            err_tail = err_path.read_bytes()[-1500:].decode(errors="replace").strip() or "(none)"
             if report.fatal is not None or stop:
                 return report
             current = next((c for c in remaining if c.id not in report.results), None)

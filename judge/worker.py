@@ -19,8 +19,9 @@ from typing import Any, Dict, TextIO
 
 def fingerprint() -> Dict[str, str]:
     """What the outputs may depend on: the device kind, torch and transformers versions."""
+    from importlib.metadata import version
+
     import torch
-    import transformers
 
     if torch.cuda.is_available():
         device = f"cuda ({torch.cuda.get_device_name(0)})"
@@ -29,13 +30,15 @@ def fingerprint() -> Dict[str, str]:
     return {
         "device": device,
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": version("transformers"),  # importing it would cost a second per worker
         "python": platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1],
     }
 
 
 def format_error(exc: BaseException, learner_file: str | None) -> str:
     """The exception and the frames that matter: the learner's lines first, then where it broke."""
+    if isinstance(exc, SyntaxError) and exc.filename and learner_file and os.path.abspath(exc.filename) == learner_file:
+        return f"SyntaxError: {exc.msg}\n  your file, line {exc.lineno}: {(exc.text or '').strip()}"
     frames = traceback.extract_tb(exc.__traceback__)
     lines = []
     mine = [f for f in frames if learner_file and os.path.abspath(f.filename) == learner_file]
@@ -52,6 +55,8 @@ def format_error(exc: BaseException, learner_file: str | None) -> str:
 
 
 def _status_of(exc: BaseException) -> str:
+    if type(exc).__name__ == "ReferenceUsedError":
+        return "rejected"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
         return "oom"
     return "error"
