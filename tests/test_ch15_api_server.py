@@ -226,9 +226,9 @@ def test_shell_chats_under_a_pseudo_terminal(tiny_llm):
         kids = child_pids(child.pid)
         assert len(kids) >= 2  # scheduler, tokenizer worker (and multiprocessing's resource tracker)
         child.sendline("Hello!")
-        child.expect(r"\n> ")
+        child.expect(r"\r\n> ")  # the reply, its newline, the next prompt
         echoed, reply = child.before.replace("\r\n", "\n").split("\n", 1)
-        assert echoed == "Hello!" and reply.rstrip("\n") == ref.replace("\r\n", "\n").rstrip("\n")
+        assert echoed == "Hello!" and reply == ref.replace("\r\n", "\n")
         child.sendline("/reset")
         child.expect("conversation cleared")
         child.sendeof()

@@ -154,4 +154,22 @@ def serve(args: ServerArgs) -> None:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
         server = uvicorn.Server(config)
         print(f"minisgl: serving {args.model_name} on http://{args.host}:{args.port} (device {backend.info['device']})", flush=True)
-        server.run()
+        # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
+        # handlers it found installed; these turn that into a normal return, so `Backend` stops
+        # the other processes and we exit with status 0
+        previous = signal.signal(signal.SIGTERM, _raise_shutdown)
+        try:
+            server.run()
+        except (KeyboardInterrupt, _Shutdown):
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    print("minisgl: stopped", flush=True)
+
+
+class _Shutdown(Exception):
+    pass
+
+
+def _raise_shutdown(signum: int, frame: Any) -> None:
+    raise _Shutdown()
