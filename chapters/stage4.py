@@ -52,11 +52,11 @@ def tp_mlp_figure(ranks: int = 2):
         ax.text(-0.2, y + 0.4, f"rank {r}", ha="right", va="center", fontsize=9, color=c, weight="bold")
         _box(ax, 0.0, y, 1.0, 0.8, LIGHT, "x\n[T, H]\n(every rank)")
         _arrow(ax, 1.0, y + 0.4, 1.4, y + 0.4)
-        _box(ax, 1.4, y, 1.6, 0.8, c, f"gate_up rows\n{r}/{ranks} of each\n(column-parallel)")
+        _box(ax, 1.4, y, 1.6, 0.8, c, f"gate_up rows\nslice {r} of {ranks}\n(column-parallel)")
         _arrow(ax, 3.0, y + 0.4, 3.4, y + 0.4)
         _box(ax, 3.4, y, 1.3, 0.8, c, f"silu(g)*u\n[T, I/{ranks}]\n(local)")
         _arrow(ax, 4.7, y + 0.4, 5.1, y + 0.4)
-        _box(ax, 5.1, y, 1.6, 0.8, c, f"down cols\n{r}/{ranks}\n(row-parallel)")
+        _box(ax, 5.1, y, 1.6, 0.8, c, f"down cols\nslice {r} of {ranks}\n(row-parallel)")
         _arrow(ax, 6.7, y + 0.4, 7.1, y + 0.4)
         _box(ax, 7.1, y, 1.2, 0.8, c, "partial y\n[T, H]")
         _arrow(ax, 8.3, y + 0.4, 8.9, (ranks - 1) * 0.7 + 0.4)
@@ -202,3 +202,48 @@ def kernel_span(path: str, name: str) -> str:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             return f"{path}:{first}-{node.end_lineno}"
     raise LookupError(f"{name} is not defined in {path}")
+
+
+# ---- chapter 20: mixture of experts ------------------------------------------------------------
+def blockwise_moe(x, w13, w2, topk_weights, topk_ids, aligned):
+    """What the fused MoE kernel computes, tile by tile, written in PyTorch (a CPU stand-in):
+    each block of `aligned.block_size` sorted rows belongs to one expert; padding rows
+    (index == number of rows) are skipped; row t*top_k+k is token t's k-th choice."""
+    import torch
+    import torch.nn.functional as F
+
+    from minisgl.layers.activation import silu_and_mul
+
+    top_k, rows, bs = topk_ids.shape[1], topk_ids.numel(), aligned.block_size
+    out_rows = torch.zeros(rows, x.shape[1], dtype=x.dtype)
+    flat_w = topk_weights.flatten()
+    for b in range(int(aligned.num_padded) // bs):
+        e = int(aligned.expert_ids[b])
+        ids = aligned.sorted_ids[b * bs : (b + 1) * bs].long()
+        real = ids[ids < rows]
+        h = silu_and_mul(F.linear(x[real // top_k], w13[e]))
+        out_rows[real] = F.linear(h, w2[e]) * flat_w[real, None].to(x.dtype)
+    return out_rows.view(-1, top_k, x.shape[1]).sum(1)
+
+
+def aligned_figure(aligned, num_rows: int, title: str = ""):
+    """The sorted row list as tiles: each block coloured by its expert, padding hatched."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    bs, n = aligned.block_size, int(aligned.num_padded)
+    fig, ax = plt.subplots(figsize=(min(14, 0.42 * n + 1), 1.4))
+    for i in range(n):
+        e = int(aligned.expert_ids[i // bs])
+        row = int(aligned.sorted_ids[i])
+        pad = row == num_rows
+        ax.add_patch(Rectangle((i, 0), 1, 1, facecolor=LIGHT if pad else RANK_COLORS[e % len(RANK_COLORS)] if e < 4 else f"C{e}",
+                               edgecolor="black", lw=0.4, hatch="//" if pad else None))
+        ax.text(i + 0.5, 0.5, "pad" if pad else str(row), ha="center", va="center", fontsize=7)
+    for b in range(n // bs):
+        ax.text(b * bs + bs / 2, 1.15, f"expert {int(aligned.expert_ids[b])}", ha="center", fontsize=8)
+        ax.axvline(b * bs, color="black", lw=1.5)
+    ax.set_xlim(0, n), ax.set_ylim(0, 1.45), ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
