@@ -97,3 +97,54 @@ def ledger_bar(row: Dict[str, object], ax=None):
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     ax.figure.tight_layout()
     return ax.figure
+
+
+def _matrix(ax, x, y, w, h, splits, axis, colors, labels=None, title=""):
+    """A weight matrix drawn as a rectangle cut into per-rank pieces along rows or columns."""
+    total, pos = sum(splits), 0
+    for i, s in enumerate(splits):
+        if axis == "rows":  # output features: top to bottom
+            rect = (x, y + h - (pos + s) / total * h, w, s / total * h)
+        else:  # input features: left to right
+            rect = (x + pos / total * w, y, s / total * w, h)
+        ax.add_patch(plt.Rectangle(rect[:2], rect[2], rect[3], facecolor=colors[i], edgecolor="white", linewidth=1.5))
+        if labels:
+            ax.text(rect[0] + rect[2] / 2, rect[1] + rect[3] / 2, labels[i], ha="center", va="center", fontsize=7.5, color="white")
+        pos += s
+    ax.text(x + w / 2, y + h + 0.15, title, ha="center", fontsize=8.5)
+
+
+def tp_sharding(q_heads: int = 9, kv_heads: int = 3, tp: int = 3):
+    """How the three kinds of parallel linear layer cut their weight `[out, in]` over `tp` ranks."""
+    rank_colors = REQ_COLORS[:tp]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax in axes:
+        ax.set_xlim(0, 4), ax.set_ylim(0, 4.2), ax.axis("off")
+    _matrix(axes[0], 0.8, 0.4, 1.6, 3.2, [1] * tp, "rows", rank_colors, [f"rank {r}" for r in range(tp)],
+            "column-parallel (q|k|v, gate|up)\noutput rows split")
+    axes[0].text(2.6, 2.0, "each rank: its slice\nof the output,\nno communication", fontsize=8, va="center")
+    _matrix(axes[1], 0.4, 1.2, 2.4, 1.6, [1] * tp, "cols", rank_colors, [f"r{r}" for r in range(tp)],
+            "row-parallel (o_proj, down_proj)\ninput columns split")
+    axes[1].text(1.6, 0.6, "each rank: a partial sum\nof the whole output -> all-reduce", fontsize=8, ha="center")
+    per_q, per_kv = q_heads // tp, max(kv_heads // tp, 1)
+    splits, colors, labels = [], [], []
+    for part, heads in (("q", per_q), ("k", per_kv), ("v", per_kv)):
+        for r in range(tp):
+            splits.append(heads)
+            colors.append(rank_colors[r])
+            labels.append(f"{part} r{r}")
+    _matrix(axes[2], 0.8, 0.2, 1.6, 3.6, splits, "rows", colors, labels,
+            f"QKV merged, {q_heads} q / {kv_heads} kv heads\nover {tp} ranks")
+    axes[2].text(2.6, 2.0, "rank r keeps its q heads\nand the kv heads they\nattend to (rows gathered\nfrom three places)", fontsize=8, va="center")
+    fig.tight_layout()
+    return fig
+
+
+def rope_table(cos, title: str):
+    """cos(position * frequency) as an image: fast pairs on the left, slow pairs on the right."""
+    fig, ax = plt.subplots(figsize=(8, 3))
+    im = ax.imshow(cos.T, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower")
+    ax.set_xlabel("position"), ax.set_ylabel("channel pair (fast -> slow)"), ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    return fig
