@@ -88,6 +88,8 @@ def sampling_filters_figure(logits, decode: Callable[[int], str], temperature=0.
 def schedule_timeline(trace, title: str = "", ax=None, label_uid: Callable[[int], str] = lambda u: f"uid{u}"):
     """A step-by-request grid: orange = prefill (pale: a chunk of a prompt), blue = decode.
     The number in a prefill cell is how many prompt tokens that step computed."""
+    trace = list(trace)
+    first = trace[0].step
     uids = sorted({u for t in trace for u in t.uids})
     row = {u: i for i, u in enumerate(uids)}
     if ax is None:
@@ -96,10 +98,11 @@ def schedule_timeline(trace, title: str = "", ax=None, label_uid: Callable[[int]
         for u, n, c in zip(t.uids, t.extend_lens, t.cached_lens):
             prefill = t.phase == "prefill"
             color = (CHUNK if (c > 0 or n == 0) and prefill else PREFILL) if prefill else DECODE
-            ax.add_patch(Rectangle((t.step, row[u] - 0.4), 0.92, 0.8, color=color))
+            x = t.step - first
+            ax.add_patch(Rectangle((x, row[u] - 0.4), 0.92, 0.8, color=color))
             if prefill:
-                ax.text(t.step + 0.46, row[u], str(n), ha="center", va="center", fontsize=7)
-    ax.set_xlim(-0.2, max(t.step for t in trace) + 1.1)
+                ax.text(x + 0.46, row[u], str(n), ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.2, trace[-1].step - first + 1.1)
     ax.set_ylim(len(uids) - 0.4, -0.6)
     ax.set_yticks(range(len(uids)), [label_uid(u) for u in uids])
     ax.set_xlabel("step (one launched batch each)")
@@ -108,6 +111,30 @@ def schedule_timeline(trace, title: str = "", ax=None, label_uid: Callable[[int]
               bbox_to_anchor=(1, 1.25))
     ax.set_title(title, fontsize=10, loc="left")
     return ax
+
+
+# ---- driving a scheduler step by step ---------------------------------------------------------
+def drive(sched, arrivals: Dict[int, list], max_steps: int = 10_000) -> Dict[int, List[int]]:
+    """Run `sched` step by step; before step k, add the requests in `arrivals[k]` (a list of
+    (token ids, SamplingParams)). Returns uid -> generated tokens. Stops when idle and no
+    arrival is left."""
+    tokens: Dict[int, List[int]] = {}
+
+    def on_token(req, token, reason):
+        if token is not None:
+            tokens.setdefault(req.uid, []).append(token)
+
+    sched.on_token = on_token  # an instance attribute shadows the hook for this run only
+    try:
+        for step in range(max_steps):
+            for ids, params in arrivals.get(step, []):
+                tokens[sched.add_request(ids, params)] = []
+            if sched.is_idle and step >= max(arrivals, default=0):
+                break
+            sched.step()
+    finally:
+        del sched.on_token
+    return tokens
 
 
 # ---- chapter 07: the ledger of one request -----------------------------------------------------
@@ -162,20 +189,22 @@ def occupancy_figure(sched, title: str = "", max_cols: Optional[int] = None):
     cols = max_cols or max([cache.owned_pages(r, ps) * ps for r in live] + [ps])
     for i, r in enumerate(live):
         slots = sched.engine.page_table[r.table_idx, : cache.owned_pages(r, ps) * ps].cpu().long()
-        for pos, s in enumerate(slots[:cols].tolist()):
-            o = owner[s // ps]
-            a.add_patch(Rectangle((pos, i - 0.4), 0.95, 0.8, color=colour(o)))
-            if pos % ps == 0 and cols <= 64:
-                a.text(pos + 0.45 * ps, i, str(s // ps), ha="center", va="center", fontsize=6)
+        for pos in range(0, min(len(slots), cols), ps):
+            page = int(slots[pos]) // ps
+            a.add_patch(Rectangle((pos + 0.05, i - 0.4), ps - 0.1, 0.8, color=colour(owner[page])))
+            if cols <= 96:
+                a.text(pos + ps / 2, i, str(page), ha="center", va="center", fontsize=7)
         a.plot([r.cached_len, r.cached_len], [i - 0.45, i + 0.45], color="black", lw=1.5)
     a.set_xlim(0, cols)
     a.set_ylim(max(len(live), 1) - 0.4, -0.6)
     a.set_yticks(range(len(live)), [f"uid{r.uid} (row {r.table_idx})" for r in live])
-    a.set_xlabel("position (number: page id; black bar: cached_len)")
+    a.set_xlabel("position (one box per page, labelled with its page id; black bar: cached_len)")
     a.set_title("page table rows of live requests", fontsize=10, loc="left")
     width = int(np.ceil(np.sqrt(cache.num_pages * 2)))
     for p in range(cache.num_pages):
         b.add_patch(Rectangle((p % width, p // width), 0.92, 0.92, color=colour(owner[p])))
+        if cache.num_pages <= 64:
+            b.text(p % width + 0.46, p // width + 0.46, str(p), ha="center", va="center", fontsize=7)
     b.set_xlim(0, width)
     b.set_ylim(cache.num_pages // width + 1, 0)
     b.set_xticks([])
@@ -187,6 +216,43 @@ def occupancy_figure(sched, title: str = "", max_cols: Optional[int] = None):
     handles += [Patch(color=colour(r.uid), label=f"uid{r.uid}") for r in live]
     b.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+def pool_counts(sched) -> Dict[str, int]:
+    """Where the KV pool's pages are now: held by live requests, promised to them, cached, free."""
+    cache = sched.cache
+    live = [r for r in sched.live.values() if not r.finished]
+    held = sum(cache.owned_pages(r, cache.page_size) - r.cache_handle.cached_len // cache.page_size for r in sched.live.values())
+    promised = sum(cache.pages_to_finish(r) for r in live)
+    return dict(held=held, promised=promised, cached=cache.prefix_cache.size // cache.page_size,
+                free=cache.free_pages, running=len(live), waiting=len(sched.prefill.pending))
+
+
+def pool_history_figure(history: Sequence[Dict[str, int]], num_pages: int, title: str = ""):
+    """Stacked pages per step: held by requests, promised (reserved, not yet allocated), cached,
+    and free beyond the promises. Admission keeps held + promised <= free + held (+ evictable)."""
+    import numpy as np
+
+    x = np.arange(len(history))
+    held = np.array([h["held"] for h in history])
+    promised = np.array([h["promised"] for h in history])
+    cached = np.array([h["cached"] for h in history])
+    spare = np.maximum(num_pages - held - cached - promised, 0)
+    fig, ax = plt.subplots(figsize=(10, 3))
+    ax.stackplot(x, held, promised, cached, spare, labels=["held by requests", "promised to them (reserved)", "prefix cache", "spare"],
+                 colors=[DECODE, "#a0cbe8", CACHED, FREE], step="post")
+    ax2 = ax.twinx()
+    ax2.step(x, [h["waiting"] for h in history], where="post", color=LOCKED, lw=1.5, label="waiting requests")
+    ax2.set_ylabel("waiting", color=LOCKED)
+    ax2.set_ylim(0, max(max(h["waiting"] for h in history) + 1, 2))
+    ax.set_xlim(0, len(history) - 1)
+    ax.set_ylim(0, num_pages)
+    ax.set_xlabel("step")
+    ax.set_ylabel("pages")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.08, 1), fontsize=8)
+    ax.set_title(title, fontsize=10, loc="left")
     fig.tight_layout()
     return fig
 
@@ -213,7 +279,7 @@ def _layout(root) -> Dict[int, tuple]:
 
 
 def draw_radix_tree(cache, decode: Callable[[List[int]], str], ax=None, title: str = "",
-                    mark: Optional[Dict[int, str]] = None, width: int = 18):
+                    mark: Optional[Dict[int, str]] = None, width: int = 24):
     """Draw a `RadixPrefixCache`: one box per edge (its tokens as text), `ref` = lock count,
     `t` = last access tick. Green: evictable; red: locked. `mark` maps id(node) -> a note."""
     pos = _layout(cache.root)
@@ -230,12 +296,12 @@ def draw_radix_tree(cache, decode: Callable[[List[int]], str], ax=None, title: s
             ax.text(x, y, "root", ha="center", va="center", fontsize=8,
                     bbox=dict(boxstyle="round", fc="white", ec="#999999"))
             continue
-        text = decode(node.key.tolist()).replace("\n", "\\n")
+        text = repr(decode(node.key.tolist()))[1:-1]
         text = text if len(text) <= width else text[: width - 1] + "…"
         note = (mark or {}).get(id(node), "")
-        label = f"{text!r}\n{len(node)} tok, ref={node.ref_count}, t={node.last_access}" + (f"\n{note}" if note else "")
+        label = f"'{text}'\n{len(node)} tok, ref={node.ref_count}, t={node.last_access}" + (f"\n{note}" if note else "")
         ax.text(x, y, label, ha="center", va="center", fontsize=7.5, zorder=2,
-                bbox=dict(boxstyle="round", fc=LOCKED if node.ref_count else CACHED, alpha=0.35,
+                bbox=dict(boxstyle="round", fc="#f6c4c5" if node.ref_count else "#cfe8c9",
                           ec="black" if note else "none"))
     xs = [x for x, _, _ in pos.values()]
     ax.set_xlim(min(xs) - 0.7, max(xs) + 0.7)
@@ -245,13 +311,31 @@ def draw_radix_tree(cache, decode: Callable[[List[int]], str], ax=None, title: s
     return ax
 
 
-def radix_trees(steps, decode, figsize=None):
-    """Draw several (title, cache-snapshot) pairs side by side."""
-    fig, axes = plt.subplots(1, len(steps), figsize=figsize or (5.2 * len(steps), 3.4))
-    for ax, (title, snapshot, mark) in zip(axes if len(steps) > 1 else [axes], steps):
-        draw_radix_tree(snapshot, decode, ax=ax, title=title, mark=mark)
-    fig.tight_layout()
-    return fig
+class TreeFilm:
+    """Snapshots of a radix cache after each operation, drawn side by side at the end.
+    `mark` maps nodes of the live cache to a note; snapshots are deep copies."""
+
+    def __init__(self, decode: Callable[[List[int]], str]):
+        self.decode = decode
+        self.frames: List[tuple] = []
+
+    def snap(self, cache, title: str, mark: Optional[Dict[object, str]] = None) -> None:
+        import copy
+
+        memo: Dict[int, object] = {}
+        frozen = copy.deepcopy(cache, memo)
+        notes = {id(memo[id(n)]): note for n, note in (mark or {}).items() if id(n) in memo}
+        self.frames.append((title, frozen, notes))
+
+    def show(self, cols: int = 3):
+        rows = -(-len(self.frames) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 3.3 * rows), squeeze=False)
+        for ax in axes.flat[len(self.frames):]:
+            ax.axis("off")
+        for ax, (title, snapshot, notes) in zip(axes.flat, self.frames):
+            draw_radix_tree(snapshot, self.decode, ax=ax, title=title, mark=notes)
+        fig.tight_layout()
+        return fig
 
 
 def radix_explorer(tokenizer, initial: Sequence[str] = ()):
@@ -350,6 +434,43 @@ def run_mixed(sched, short_prompts, long_prompt, short_tokens: int, long_tokens:
     return log
 
 
+def interleave_decode(sched):
+    """A policy variant for experiments: between two chunks of a long prompt, give the running
+    requests one decode step. Installed on this one scheduler instance; returns an undo."""
+    plain = sched.schedule_next_batch
+
+    def schedule_next_batch():
+        if sched.prefill.chunked is not None and sched.decode.running and sched.trace[-1].phase == "prefill":
+            return sched.decode.schedule_next_batch()
+        return plain()
+
+    sched.schedule_next_batch = schedule_next_batch
+    return lambda: delattr(sched, "schedule_next_batch")
+
+
+def latency_figure(results: Dict[str, Dict[int, TokenLog]], long_uid: Dict[str, Dict[int, int]], short_uids: Dict[str, Dict[int, List[int]]]):
+    """TTFT of the long prompt and the worst gap between two tokens of a running request,
+    against the prefill budget, one line per policy."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.2))
+    for (policy, runs), colour in zip(results.items(), (PREFILL, DECODE)):
+        chunks = sorted(runs)
+        ttft = [runs[c].ttft(long_uid[policy][c]) * 1e3 for c in chunks]
+        worst = [max(g for u in short_uids[policy][c] for g in runs[c].gaps(u)) * 1e3 for c in chunks]
+        a.plot(chunks, ttft, "o-", color=colour, label=policy)
+        b.plot(chunks, worst, "o-", color=colour, label=policy)
+    for ax, title in ((a, "TTFT of the long prompt"), (b, "worst gap between two tokens of a running request")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(chunks, [str(c) for c in chunks])
+        ax.minorticks_off()
+        ax.set_xlabel("prefill budget per step (max_extend_tokens)")
+        ax.set_ylabel("ms")
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_ylim(bottom=0)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 # ---- chapter 11: CPU work against device work ---------------------------------------------------
 def time_phases(sched) -> List[tuple]:
     """Wrap the scheduler so every phase of a step records (name, start, end)."""
@@ -371,7 +492,40 @@ def time_phases(sched) -> List[tuple]:
     return events
 
 
-def emulated_timelines(events: List[tuple]):
+def overlap_log(sched) -> List[str]:
+    """Wrap launch, result handling, finishing and freeing to write down, in order, what the
+    loop does: which step is launched, which step's results are read, what is thrown away."""
+    lines: List[str] = []
+    step_of: Dict[int, int] = {}
+    launch, process, finish, free = sched.launch, sched.process_results, sched._finish, sched._free
+
+    def launch_(batch):
+        result = launch(batch)
+        step_of[id(result)] = sched._step - 1
+        lines.append(f"launch  step {sched._step - 1}: {batch.phase} {[r.uid for r in batch.reqs]}")
+        return result
+
+    def process_(result):
+        n = step_of[id(result)]
+        late = [r.uid for r in result.batch.reqs if r.finished]
+        lines.append(f"read    step {n}" + (f"  (discard the token of finished {late})" if late else ""))
+        process(result)
+
+    def finish_(req, reason, notify=True):
+        in_flight = [step_of[id(r)] for r in sched.unprocessed if req.uid in r.uids]
+        lines.append(f"  finish uid{req.uid} ({reason}, {len(req.output_ids)} tokens)"
+                     + (f": row {req.table_idx} kept, step {in_flight} still uses it" if in_flight else ""))
+        finish(req, reason, notify)
+
+    def free_(req):
+        lines.append(f"  free   uid{req.uid}: row {req.table_idx} and its pages")
+        free(req)
+
+    sched.launch, sched.process_results, sched._finish, sched._free = launch_, process_, finish_, free_
+    return lines
+
+
+def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
     """Lay the measured phase durations out twice: as the normal loop runs them (CPU and device
     take turns) and as the overlap loop would on a GPU (the CPU plans step N+1 and reads step N
     while the device computes). Returns the figure and the two total times."""
@@ -385,7 +539,7 @@ def emulated_timelines(events: List[tuple]):
     per_step.append(dict(cur))
     per_step = [s for s in per_step if "forward" in s]
     cpu_before = [s.get("schedule", 0) + s.get("prepare", 0) for s in per_step]
-    fwd = [s["forward"] for s in per_step]
+    fwd = [s["forward"] / device_speedup for s in per_step]
     proc = [s.get("process", 0) for s in per_step]
 
     normal = {"cpu": [], "gpu": []}
