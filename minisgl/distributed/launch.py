@@ -11,6 +11,7 @@ A worker that fails sends `("error", traceback)` before it exits, and the parent
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -24,14 +25,27 @@ class RankFailedError(RuntimeError):
 
 
 def rank_device(device: str, rank: int) -> str:
-    """Each rank's device: a bare "cuda" means one GPU per rank, `cuda:<rank>`."""
-    return f"cuda:{rank}" if device == "cuda" else device
+    """Each rank's device: one GPU per rank, counted from the one named ("cuda" is "cuda:0")."""
+    if not device.startswith("cuda"):
+        return device
+    first = int(device.partition(":")[2] or 0)
+    return f"cuda:{first + rank}"
+
+
+def send_msg(conn: Connection, msg: Any) -> None:
+    """Plain pickle, not the multiprocessing pickler: that one passes tensors as shared-memory
+    handles, which die with the sender (a worker may exit right after sending its result)."""
+    conn.send_bytes(pickle.dumps(msg))
+
+
+def recv_msg(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
 
 
 def report_error(conn: Connection) -> None:
     """Called by a worker inside `except`: send the traceback to the parent (best effort)."""
     try:
-        conn.send(("error", traceback.format_exc()))
+        send_msg(conn, ("error", traceback.format_exc()))
     except (BrokenPipeError, OSError):
         pass
 
@@ -67,7 +81,7 @@ class RankProcesses:
         self.raise_if_dead()
         for rank, conn in zip(self.ranks, self.conns):
             try:
-                conn.send(msg)
+                send_msg(conn, msg)
             except (BrokenPipeError, OSError):
                 raise RankFailedError(f"tensor-parallel rank {rank} is gone{self._pending_error(rank)}") from None
 
@@ -95,7 +109,7 @@ class RankProcesses:
     def _read(self, i: int, kind: str) -> Any:
         rank = self.ranks[i]
         try:
-            got, payload = self.conns[i].recv()
+            got, payload = recv_msg(self.conns[i])
         except EOFError:
             raise RankFailedError(f"tensor-parallel rank {rank} exited (code {self.procs[i].exitcode}) without answering") from None
         if got == "error":
@@ -113,7 +127,7 @@ class RankProcesses:
         conn = self.conns[self.ranks.index(rank)]
         try:
             while conn.poll(0):
-                kind, payload = conn.recv()
+                kind, payload = recv_msg(conn)
                 if kind == "error":
                     return f":\n{payload}"
         except (EOFError, OSError):
@@ -131,7 +145,7 @@ class RankProcesses:
         self.closed = True
         for conn in self.conns:
             try:
-                conn.send(("shutdown", None))
+                send_msg(conn, ("shutdown", None))
             except (BrokenPipeError, OSError):
                 pass
         for proc in self.procs:
@@ -153,7 +167,7 @@ def _run_rank(rank: int, size: int, conn: Connection, fn: Callable[[int, int], A
 
     try:
         init_tp_group(rank, size, join_store(port), torch.device(rank_device(device, rank)))
-        conn.send(("result", fn(rank, size)))
+        send_msg(conn, ("result", fn(rank, size)))
     except BaseException:
         report_error(conn)
     finally:

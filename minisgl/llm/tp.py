@@ -23,7 +23,7 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.distributed.group import destroy_tp_group, host_store, init_tp_group, join_store, wait_for_ranks
-from minisgl.distributed.launch import RankFailedError, RankProcesses, rank_device, report_error
+from minisgl.distributed.launch import RankFailedError, RankProcesses, rank_device, recv_msg, report_error, send_msg
 from minisgl.distributed.split import check_tp_split
 from minisgl.models import ModelConfig
 from minisgl.scheduler import ForwardResult, Scheduler, SchedulerConfig
@@ -47,11 +47,12 @@ class TensorParallelMixin:
         self._commands: List[Command] = []
         self._checksum = 0
         self._tp_size = config.engine.tp_size
+        if config.engine.tp_rank == 0:
+            config = rank_config(config, 0)  # "cuda" -> "cuda:0": each rank names its GPU
         if self._tp_size == 1 or config.engine.tp_rank != 0:
             super().__init__(config)  # a single rank, or a follower built by `follower_main`
             return
         check_tp_split(ModelConfig.from_dir(config.engine.model_path), self._tp_size)
-        config = rank_config(config, 0)
         store = self._store = host_store()  # the group keeps using it after the rendezvous
         workers = RankProcesses.spawn(range(1, self._tp_size), self._tp_size, follower_main, (config, store.port))
         self._finalizer = weakref.finalize(self, _stop, workers)
@@ -150,9 +151,9 @@ def follower_main(rank: int, size: int, conn: Connection, config: SchedulerConfi
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # ranks share the cores
         init_tp_group(rank, size, join_store(port), device)
         scheduler = _Follower(config)
-        conn.send(("ready", None))
+        send_msg(conn, ("ready", None))
         while True:
-            kind, payload = conn.recv()
+            kind, payload = recv_msg(conn)
             if kind == "shutdown":
                 break
             if kind == "step":
@@ -160,7 +161,7 @@ def follower_main(rank: int, size: int, conn: Connection, config: SchedulerConfi
                     scheduler.apply(command)
                 scheduler.step()
             elif kind == "checksum":
-                conn.send(("checksum", scheduler._checksum))
+                send_msg(conn, ("checksum", scheduler._checksum))
     except EOFError:
         pass  # rank 0 is gone: nothing left to serve
     except BaseException:
