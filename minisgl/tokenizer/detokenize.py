@@ -12,16 +12,21 @@ already produced:
     new_text     =  decode(ids[prefix_offset:])                   (sent + maybe something new)
 
 If `new_text` ends in U+FFFD the last character is still incomplete: send nothing and wait for
-the next token. Otherwise send ``new_text[len(prefix_text):]`` and slide the window. Concatenating
+the next token. Byte-fallback vocabularies need one more rule: their decoder turns a whole run of
+``<0xNN>`` tokens into text at once, and an invalid run becomes one U+FFFD per byte -- so a later
+byte token can change how earlier ones read. We therefore also wait while the last token is a
+byte token; the window then always starts and ends on a run boundary. Otherwise send ``new_text[len(prefix_text):]`` and slide the window. Concatenating
 every piece gives exactly ``tokenizer.decode(all_ids)``: a window never starts inside a character,
 because `read_offset` only moves once the text up to it decodes cleanly.
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence
+import re
+from typing import Dict, List, Sequence
 
 REPLACEMENT = "\ufffd"
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class IncrementalDetokenizer:
@@ -31,6 +36,13 @@ class IncrementalDetokenizer:
         self.ids: List[int] = []
         self.prefix_offset = 0  # start of the decode window
         self.read_offset = 0  # tokens before this are already in the emitted text
+        self._is_byte: Dict[int, bool] = {}
+
+    def _byte_token(self, token: int) -> bool:
+        if token not in self._is_byte:
+            piece = self.tokenizer.convert_ids_to_tokens(token)
+            self._is_byte[token] = isinstance(piece, str) and _BYTE_TOKEN.fullmatch(piece) is not None
+        return self._is_byte[token]
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -38,6 +50,8 @@ class IncrementalDetokenizer:
     def add(self, new_ids: Sequence[int]) -> str:
         """Append tokens; return the text that is now certain (possibly empty)."""
         self.ids.extend(int(t) for t in new_ids)
+        if not self.ids or self._byte_token(self.ids[-1]):
+            return ""
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT):
