@@ -12,6 +12,13 @@ from . import registry
 _STARS = {1: "*", 2: "**", 3: "***"}
 
 
+def _rel(path) -> str:
+    try:
+        return str(path.relative_to(registry.REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def cmd_list(_: argparse.Namespace) -> int:
     from .grade import last_results
 
@@ -29,12 +36,12 @@ def cmd_start(args: argparse.Namespace) -> int:
     src = registry.folder(args.exercise) / "starter.py"
     dst = registry.learner_path(args.exercise)
     if dst.exists():
-        print(f"{dst.relative_to(registry.REPO_ROOT)} already exists: keeping your work. Grade it with `python judge.py {args.exercise}`"
+        print(f"{_rel(dst)} already exists: keeping your work. Grade it with `python judge.py {args.exercise}`"
               f" (delete the file first to start over).")
         return 0
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
-    print(f"wrote {dst.relative_to(registry.REPO_ROOT)}: the statement is exercises/{args.exercise}/README.md;"
+    print(f"wrote {_rel(dst)}: the statement is exercises/{args.exercise}/README.md;"
           f" grade with `python judge.py {args.exercise}`")
     return 0
 
