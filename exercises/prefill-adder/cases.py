@@ -67,7 +67,8 @@ def reserved(obs: Obs) -> None:
 def prefix_hit(obs: Obs) -> None:
     table, cache = harness.managers(rows=4, num_pages=24, page_size=2)
     harness.cache_prefix(cache, list(range(10, 22)))
-    _admit_queue(obs, table, cache, 100, 0, [harness.pending(0, list(range(10, 22)) + [5, 6, 7], 3), harness.pending(1, list(range(10, 18)) + [9] * 9, 30)])
+    harness.cache_prefix(cache, list(range(40, 48)))
+    _admit_queue(obs, table, cache, 100, 0, [harness.pending(0, list(range(10, 22)) + [5, 6, 7], 3), harness.pending(1, list(range(40, 48)) + [9] * 9, 30)])
 
 
 @case("random queues, pools and caches", seeds=4, hint=2)
