@@ -148,3 +148,36 @@ def rope_table(cos, title: str):
     fig.colorbar(im, ax=ax, fraction=0.03)
     fig.tight_layout()
     return fig
+
+
+def occupancy(snapshots: Sequence[Dict[str, List[int]]], num_slots: int, steps: Sequence[int], cols: int = 10):
+    """The pool's slots at a few steps, coloured by the request that owns them (grey: free)."""
+    names = sorted({n for snap in snapshots for n in snap})
+    color = {n: REQ_COLORS[i % len(REQ_COLORS)] for i, n in enumerate(names)}
+    rows_n = -(-num_slots // cols)
+    fig, axes = plt.subplots(1, len(steps), figsize=(2.6 * len(steps), 0.35 * rows_n + 1.0))
+    for ax, step in zip(axes, steps):
+        owner = {slot: name for name, slots in snapshots[step].items() for slot in slots}
+        for s in range(num_slots):
+            r, c = divmod(s, cols)
+            ax.add_patch(plt.Rectangle((c, rows_n - 1 - r), 0.92, 0.92, facecolor=color.get(owner.get(s), GREY)))
+            if s in owner:
+                ax.text(c + 0.46, rows_n - 1 - r + 0.46, owner[s], ha="center", va="center", fontsize=6.5, color="white")
+        ax.set_xlim(0, cols), ax.set_ylim(0, rows_n), ax.set_aspect("equal"), ax.axis("off")
+        ax.set_title(f"after step {step}", fontsize=9)
+    fig.suptitle("KV pool slots by owner (grey = free)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def reserved_vs_used(used: Sequence[int], reserved: Sequence[int], capacity: int):
+    """Slots a paged pool uses against what per-request contiguous reservations would hold."""
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    ax.plot(range(len(used)), reserved, marker="o", color=ORANGE, label="reserved up front (chapter 0 style)")
+    ax.plot(range(len(used)), used, marker="o", color=BLUE, label="paged: slots actually written")
+    ax.axhline(capacity, color="#555", linestyle="--", linewidth=1)
+    ax.text(0, capacity + 0.8, f"pool capacity ({capacity} slots)", fontsize=8, color="#555")
+    ax.set_xlabel("step"), ax.set_ylabel("slots"), ax.set_ylim(0, max(max(reserved), capacity) * 1.15)
+    ax.legend(frameon=False, fontsize=8, loc="lower right"), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
