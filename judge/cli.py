@@ -24,8 +24,8 @@ def cmd_list(_: argparse.Namespace) -> int:
 
     last = last_results()
     print(f"{'exercise':<18} {'ch':>3} {'diff':<5} {'last result':<22} title")
-    for ex_id in registry.exercise_ids():
-        ex = registry.load(ex_id)
+    for ex in sorted((registry.load(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
+        ex_id = ex.id
         r = last.get(ex_id)
         res = f"{r['passed']}/{r['total']} ({r['when']})" if r else ("started" if registry.learner_path(ex_id).exists() else "-")
         print(f"{ex_id:<18} {ex.chapter:>3} {_STARS[ex.difficulty]:<5} {res:<22} {ex.title}")

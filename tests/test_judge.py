@@ -3,6 +3,7 @@ loops, runs out of memory, mutates its inputs or reaches for the reference."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -109,8 +110,11 @@ def test_reference_is_recomputed_on_another_machine(monkeypatch: pytest.MonkeyPa
     assert any("recomputed" in n for n in result.notes)
 
 
-def test_cell_magic_grades_cell() -> None:
+def test_cell_magic_grades_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from IPython.core.interactiveshell import InteractiveShell
+
+    grade_module = importlib.import_module("judge.grade")  # the package's `grade` is the function
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path)  # the magic saves the last result
 
     import judge
 
@@ -118,6 +122,7 @@ def test_cell_magic_grades_cell() -> None:
     judge.load_ipython_extension(shell)
     result = shell.run_cell_magic("judge", "req-lengths --seed 4", SOLUTION.read_text())
     assert isinstance(result, GradeResult) and result.ok
+    assert grade_module.last_results()["req-lengths"]["passed"] == result.total
 
 
 # ---- commands --------------------------------------------------------------------------------
