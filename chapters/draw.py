@@ -181,3 +181,19 @@ def reserved_vs_used(used: Sequence[int], reserved: Sequence[int], capacity: int
     ax.legend(frameon=False, fontsize=8, loc="lower right"), ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def attention_masks(panels: Sequence[tuple]):
+    """Boolean masks side by side: (title, mask [queries, keys], first query position or None)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.1))
+    for ax, (title, mask, ylabels) in zip(axes, panels):
+        m = mask.int().numpy()
+        ax.imshow(m, cmap="Blues", vmin=0, vmax=1.4)
+        ax.set_xticks(range(m.shape[1])), ax.set_yticks(range(m.shape[0]))
+        ax.set_yticklabels(ylabels, fontsize=7.5), ax.set_xticklabels(range(m.shape[1]), fontsize=7.5)
+        ax.set_xlabel("key position"), ax.set_title(title, fontsize=9)
+        ax.set_xticks([x - 0.5 for x in range(1, m.shape[1])], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, m.shape[0])], minor=True)
+        ax.grid(which="minor", color="white", linewidth=1), ax.tick_params(which="minor", length=0)
+    fig.tight_layout()
+    return fig
