@@ -67,7 +67,7 @@ def _batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[tuple], p
     return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long(), padded_size=len(reqs))
 
 
-def _attention_both(specs, phase: str, page_size: int):
+def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True):
     from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -82,7 +82,7 @@ def _attention_both(specs, phase: str, page_size: int):
     k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     outs = []
-    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq)):
+    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores)):
         backend.prepare_metadata(batch)
         outs.append(torch.stack([backend.forward(q, k, v, layer, batch) for layer in range(2)]))
     return outs
@@ -100,9 +100,10 @@ def test_prefill_matches_torch_backend(page_size):
 
 @gpu
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_matches_torch_backend(page_size):
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_decode_matches_torch_backend(page_size, tensor_cores):
     specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
-    want, got = _attention_both(specs, "decode", page_size)
+    want, got = _attention_both(specs, "decode", page_size, tensor_cores)
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 

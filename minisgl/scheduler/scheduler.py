@@ -179,8 +179,8 @@ class Scheduler:
             where = torch.tensor([keep, [batch.reqs[i].table_idx for i in keep], [batch.reqs[i].device_len - 1 for i in keep]])
             if self.device.type == "cuda":
                 where = where.pin_memory()
-            idx, rows, cols = where.to(self.device, non_blocking=True)
-            self.table.token_pool[rows, cols] = next_tokens if len(keep) == len(sampled) else next_tokens[idx]
+            where = where.to(self.device, non_blocking=True)
+            self.table.token_pool[where[1], where[2]] = next_tokens if len(keep) == len(sampled) else next_tokens[where[0]]
         self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
         if self.device.type == "cuda":
             host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
