@@ -15,7 +15,7 @@ from . import reference, registry
 from .api import Exercise
 from .compare import first_difference
 from .result import CaseResult, GradeResult
-from .runner import CaseJob, WorkerReport, run_cases
+from .runner import CaseJob, WorkerReport, cancel_all, reset_cancel, run_cases
 
 
 def cuda_available() -> bool:
@@ -78,14 +78,20 @@ def verdicts(ex: Exercise, jobs: List[CaseJob], expected: Dict[str, List[Dict[st
                 extra = dict(where=diff.where, got=diff.got, expected=diff.expected)
             elif partial:
                 extra = dict(where=f"after '{partial[-1]['label']}' (everything recorded up to there matched)")
-            out.append(CaseResult(status=mine["status"], message=mine.get("error", ""), seconds=seconds, **base, **extra))
+            out.append(CaseResult(status=mine["status"], message=mine.get("error", "") + _printed(mine), seconds=seconds, **base, **extra))
             continue
         diff = first_difference(mine["obs"], expected[job.id])
         if diff is None:
             out.append(CaseResult(status="pass", seconds=seconds, **base))
         else:
-            out.append(CaseResult(status="fail", where=diff.where, got=diff.got, expected=diff.expected, message=diff.detail, seconds=seconds, **base))
+            out.append(CaseResult(status="fail", where=diff.where, got=diff.got, expected=diff.expected,
+                                  message=diff.detail + _printed(mine), seconds=seconds, **base))
     return out
+
+
+def _printed(event: Dict[str, Any]) -> str:
+    text = (event.get("printed") or "").rstrip()
+    return f"\nyour code printed:\n{text}" if text else ""
 
 
 def _expected(ref: WorkerReport, recorded: Optional[Dict[str, Any]], use_recorded: bool, jobs: List[CaseJob]) -> Dict[str, List[Dict[str, Any]]]:
@@ -136,10 +142,15 @@ def grade(
     else:
         notes.append(f"reference outputs were recorded on {reference.describe(recorded['fingerprint'])}; this machine differs, so the reference was recomputed here")
     kw = dict(memory_limit_gb=memory_limit_gb or ex.memory_limit_gb, threads=default_threads(2), use_cuda=use_cuda)
+    reset_cancel()
     with ThreadPoolExecutor(2) as pool:
-        ref_future = pool.submit(run_cases, exercise_id, None, ref_jobs, **kw) if ref_jobs else None
-        got = pool.submit(run_cases, exercise_id, file, jobs, **kw).result()
-        ref = ref_future.result() if ref_future else WorkerReport()
+        try:
+            ref_future = pool.submit(run_cases, exercise_id, None, ref_jobs, **kw) if ref_jobs else None
+            got = pool.submit(run_cases, exercise_id, file, jobs, **kw).result()
+            ref = ref_future.result() if ref_future else WorkerReport()
+        except KeyboardInterrupt:
+            cancel_all()  # end the subprocesses, or the pool would wait for them
+            raise
     if got.skipped:
         notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
     expected = _expected(ref, recorded, use_recorded, jobs)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,21 @@ def _limit_address_space(limit_bytes: Optional[int]) -> Callable[[], None]:
     return apply
 
 
+_LIVE: set = set()  # worker processes running now, so an interrupt can end them all
+_CANCEL = threading.Event()
+
+
+def cancel_all() -> None:
+    """Stop every running grading (a Ctrl-C in the notebook or terminal): kill the workers."""
+    _CANCEL.set()
+    for proc in list(_LIVE):
+        _kill(proc)
+
+
+def reset_cancel() -> None:
+    _CANCEL.clear()
+
+
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -103,7 +119,13 @@ def run_cases(
                     # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
                     preexec_fn=_limit_address_space(None if use_cuda else limit + (2 << 30)),
                 )
-            stop, killed_for = _watch(proc, out_path, remaining, report, limit, on_done)
+            _LIVE.add(proc)
+            try:
+                stop, killed_for = _watch(proc, out_path, remaining, report, limit, on_done)
+            finally:
+                _LIVE.discard(proc)
+            if _CANCEL.is_set():
+                return report
             err_tail = err_path.read_bytes()[-1500:].decode(errors="replace").strip() or "(none)"
             if report.fatal is not None or stop:
                 return report

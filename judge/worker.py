@@ -7,6 +7,8 @@ learner's crash, endless loop or memory blow-up ends this process, never the jud
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import platform
@@ -62,6 +64,10 @@ def _status_of(exc: BaseException) -> str:
     return "error"
 
 
+def _tail(text: str, limit: int = 1500) -> str:
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
 def _emit(out: TextIO, **event: Any) -> None:
     out.write(json.dumps(event) + "\n")
     out.flush()
@@ -106,17 +112,21 @@ def main(job_path: str) -> int:
         _emit(out, event="start", case=item["id"])
         obs = Obs()
         torch.manual_seed(0)
+        printed = io.StringIO()  # what the case (the learner's code) prints, shown with its verdict
         t0 = time.perf_counter()
         try:
-            if case.seeds:
-                case.fn(obs, item["seed"])
-            else:
-                case.fn(obs)
-            _emit(out, event="done", case=item["id"], status="ok", obs=obs.items, seconds=time.perf_counter() - t0)
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                if case.seeds:
+                    case.fn(obs, item["seed"])
+                else:
+                    case.fn(obs)
+            status, error = "ok", ""
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            _emit(out, event="done", case=item["id"], status=_status_of(exc), error=format_error(exc, learner_file), obs=obs.items, seconds=time.perf_counter() - t0)
+            status, error = _status_of(exc), format_error(exc, learner_file)
+        _emit(out, event="done", case=item["id"], status=status, error=error, obs=obs.items,
+              printed=_tail(printed.getvalue()), seconds=time.perf_counter() - t0)
     return 0
 
 
