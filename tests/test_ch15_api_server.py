@@ -251,3 +251,16 @@ def test_shutdown_leaves_no_processes(sig):
     assert server.proc.returncode == 0
     time.sleep(0.5)
     assert not [p for p in kids if pid_alive(p)], "server left processes behind"
+
+
+def test_online_benchmark_client_measures_a_run(tiny_server):
+    from minisgl.benchmark.online import run
+    from minisgl.benchmark.offline import make_workload
+
+    w = make_workload(6, 4, 12, 2, 6, seed=0)
+    report = asyncio.run(run(tiny_server.url, w.prompts, w.max_tokens, concurrency=3))
+    assert report.output_tokens == sum(w.max_tokens)  # EOS is ignored: every token asked for
+    assert report.input_tokens == w.input_tokens
+    assert 0 < report.ttft_ms["p50"] <= report.e2e_ms["p50"] and report.ttft_ms["max"] <= report.e2e_ms["max"]
+    assert report.output_throughput == pytest.approx(report.output_tokens / report.wall_s)
+    assert_all_free(tiny_server)

@@ -1,0 +1,148 @@
+"""Online latency: a client that streams requests to a running server, `concurrency` at a time.
+
+For each request it records TTFT (time to the first text), TPOT (the time per output token after
+the first) and E2E (the whole request); it reports their percentiles and the output throughput.
+The workload is the offline benchmark's (random token-id prompts, random lengths, EOS ignored),
+sent as `/v1/completions` with token ids, so no tokenizer runs on the client.
+
+    python -m minisgl --model models/tiny-llama --port 1919 &        # a server
+    python -m minisgl.benchmark.online --url http://127.0.0.1:1919 --num-requests 32 --concurrency 8 \\
+        --input-len 16 64 --output-len 8 32                           # seconds on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+import httpx
+import numpy as np
+
+from minisgl.benchmark.offline import make_workload
+
+
+@dataclass
+class RequestTiming:
+    ttft_s: float
+    e2e_s: float
+    output_tokens: int
+
+    @property
+    def tpot_s(self) -> Optional[float]:
+        """Mean time per token after the first; undefined for a one-token answer."""
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+@dataclass
+class OnlineReport:
+    num_requests: int
+    concurrency: int
+    wall_s: float
+    input_tokens: int
+    output_tokens: int
+    output_throughput: float  # output tokens / s over the whole run
+    ttft_ms: Dict[str, float]
+    tpot_ms: Dict[str, float]
+    e2e_ms: Dict[str, float]
+
+    def table(self) -> str:
+        rows = [
+            f"requests {self.num_requests} at concurrency {self.concurrency}: {self.wall_s:.2f} s, "
+            f"{self.input_tokens} prompt and {self.output_tokens} output tokens",
+            f"output throughput: {self.output_throughput:.1f} tok/s",
+            f"{'ms':<6}" + "".join(f"{k:>10}" for k in self.ttft_ms),
+        ]
+        for name, stats in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("E2E", self.e2e_ms)):
+            rows.append(f"{name:<6}" + "".join(f"{v:>10.1f}" for v in stats.values()))
+        return "\n".join(rows)
+
+
+def percentiles(values_s: Sequence[float]) -> Dict[str, float]:
+    a = np.asarray(values_s, dtype=np.float64) * 1000
+    if a.size == 0:
+        return {k: float("nan") for k in ("mean", "p50", "p90", "p99", "max")}
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: List[int], max_tokens: int) -> RequestTiming:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft, tokens = None, 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"server answered {resp.status_code}: {(await resp.aread()).decode()}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    e2e = time.perf_counter() - start
+    return RequestTiming(ttft if ttft is not None else e2e, e2e, tokens)
+
+
+async def run(url: str, prompts: List[List[int]], max_tokens: List[int], concurrency: int, model: Optional[str] = None) -> OnlineReport:
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        if model is None:
+            model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        gate = asyncio.Semaphore(concurrency)
+
+        async def gated(p: List[int], m: int) -> RequestTiming:
+            async with gate:
+                return await one_request(client, url, model, p, m)
+
+        await one_request(client, url, model, prompts[0][:8], 2)  # warm-up: connection, first step
+        start = time.perf_counter()
+        timings = await asyncio.gather(*(gated(p, m) for p, m in zip(prompts, max_tokens)))
+        wall = time.perf_counter() - start
+    out = sum(t.output_tokens for t in timings)
+    return OnlineReport(
+        num_requests=len(prompts),
+        concurrency=concurrency,
+        wall_s=wall,
+        input_tokens=sum(len(p) for p in prompts),
+        output_tokens=out,
+        output_throughput=out / wall,
+        ttft_ms=percentiles([t.ttft_s for t in timings]),
+        tpot_ms=percentiles([t.tpot_s for t in timings if t.tpot_s is not None]),
+        e2e_ms=percentiles([t.e2e_s for t in timings]),
+    )
+
+
+def main(argv: Optional[List[str]] = None) -> OnlineReport:
+    p = argparse.ArgumentParser(prog="python -m minisgl.benchmark.online", description="TTFT / TPOT / E2E and throughput against a running minisgl server")
+    p.add_argument("--url", default="http://127.0.0.1:1919", help="base URL of the server")
+    p.add_argument("--model", default=None, help="model name to send; default: the first one /v1/models lists")
+    p.add_argument("--num-requests", type=int, default=256, help="requests in the run")
+    p.add_argument("--concurrency", type=int, default=64, help="most requests in flight at once")
+    p.add_argument("--input-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"), help="prompt length range, in tokens")
+    p.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"), help="output length range, in tokens")
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument("--json-out", default=None, help="also write the report as JSON to this file")
+    a = p.parse_args(argv)
+    w = make_workload(a.num_requests, a.input_len[0], a.input_len[1], a.output_len[0], a.output_len[1], a.seed)
+    report = asyncio.run(run(a.url.rstrip("/"), w.prompts, w.max_tokens, a.concurrency, a.model))
+    print(report.table(), flush=True)
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(asdict(report), f, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()
