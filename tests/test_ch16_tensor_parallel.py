@@ -243,19 +243,31 @@ def bf16_logits_on_rank(rank: int, size: int):
     return {name: teacher_forced_logits(str(MODELS / name), rank, size, PROMPTS[2], "bfloat16") for name in ("tiny-qwen3", "tiny-qwen3-moe")}
 
 
+def assert_greedy_under_transformers(path: Path, prompt: List[int], tokens: List[int]) -> None:
+    """Each generated token is transformers' argmax given everything before it (one forward pass
+    over prompt + output, no KV cache: independent of the transformers version's cache API)."""
+    from helpers import hf_logits
+
+    logits = hf_logits(path, prompt + tokens[:-1])[len(prompt) - 1 :]
+    assert logits.argmax(-1).tolist() == tokens
+
+
 @pytest.mark.gpu
 def test_nccl_tp2_bf16_teacher_forced_logits_match_tp1():
     _need_gpus(2)
     one = run_on_ranks(bf16_logits_on_rank, 1, device="cuda")[0]
     two = run_on_ranks(bf16_logits_on_rank, 2, device="cuda")
+    # bf16 rounds the partial sums differently at TP=2; in the MoE model that can flip a near-tie
+    # between two experts of the (random) router, which moves that token's logits further
+    tolerance = {"tiny-qwen3": 0.02, "tiny-qwen3-moe": 0.08}
     for name in one:
         a, b, c = one[name], two[0][name], two[1][name]
         assert torch.equal(b, c), "the two ranks must hold identical logits"
         scale = a.abs().max().item()
         err = (a - b).abs().max().item()
-        print(f"{name}: max |logit| {scale:.4f}, max |TP2 - TP1| {err:.5f}")
-        assert err <= 0.02 * scale + 1e-3, f"{name}: bf16 TP=2 logits off by {err} (scale {scale})"
         agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+        print(f"{name}: max |logit| {scale:.4f}, max |TP2 - TP1| {err:.5f}, argmax agreement {agree:.0%}")
+        assert err <= tolerance[name] * scale + 1e-3, f"{name}: bf16 TP=2 logits off by {err} (scale {scale})"
         assert agree >= 0.9, f"{name}: argmax agrees at only {agree:.0%} of positions"
 
 
@@ -264,9 +276,10 @@ def test_nccl_tp2_bf16_teacher_forced_logits_match_tp1():
 def test_nccl_tp2_float32_greedy_equals_tp1(name):
     _need_gpus(2)
     path = MODELS / name
-    want = [REFS.get(path, p, MAX_TOKENS, stop_at_eos=False) for p in PROMPTS]
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     gpu = dict(device="cuda", attention_backend="torch")
-    assert _generate(path, PROMPTS, params, **gpu) == want
-    assert _generate(path, PROMPTS, params, tp_size=2, overlap=True, **gpu) == want
+    one = _generate(path, PROMPTS, params, **gpu)
+    assert _generate(path, PROMPTS, params, tp_size=2, overlap=True, **gpu) == one
     assert _no_children_left()
+    for prompt, tokens in zip(PROMPTS, one):
+        assert_greedy_under_transformers(path, prompt, tokens)
