@@ -525,10 +525,17 @@ def overlap_log(sched) -> List[str]:
     return lines
 
 
-def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
-    """Lay the measured phase durations out twice: as the normal loop runs them (CPU and device
-    take turns) and as the overlap loop would on a GPU (the CPU plans step N+1 and reads step N
-    while the device computes). Returns the figure and the two total times."""
+def phase_means(events: List[tuple]) -> Dict[str, float]:
+    """Mean milliseconds per call of each measured phase."""
+    sums: Dict[str, List[float]] = defaultdict(list)
+    for name, t0, t1 in events:
+        sums[name].append((t1 - t0) * 1e3)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def emulate_lanes(events: List[tuple], device_speedup: float = 1.0):
+    """Lay measured phase durations out as the normal loop runs them and as the overlap loop
+    would on a GPU. Returns (normal lanes, overlap lanes, normal total s, overlap total s, steps)."""
     per_step: List[Dict[str, float]] = []
     cur: Dict[str, float] = defaultdict(float)
     for name, t0, t1 in events:
@@ -538,9 +545,14 @@ def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
         cur[name] += t1 - t0
     per_step.append(dict(cur))
     per_step = [s for s in per_step if "forward" in s]
-    cpu_before = [s.get("schedule", 0) + s.get("prepare", 0) for s in per_step]
+    # CPU phases: the median over steps, so one step preempted on a shared machine does not
+    # dominate the picture; device phases as measured, scaled by `device_speedup`
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    plan = median([s.get("schedule", 0) + s.get("prepare", 0) for s in per_step])
+    read = median([s.get("process", 0) for s in per_step])
+    cpu_before = [plan] * len(per_step)
     fwd = [s["forward"] / device_speedup for s in per_step]
-    proc = [s.get("process", 0) for s in per_step]
+    proc = [read] * len(per_step)
 
     normal = {"cpu": [], "gpu": []}
     t = 0.0
@@ -567,6 +579,12 @@ def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
     overlap["cpu"].append((begin, proc[-1], "read"))
     overlap_total = begin + proc[-1]
 
+    return normal, overlap, normal_total, overlap_total, len(fwd)
+
+
+def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
+    """Draw the two layouts of `emulate_lanes`. Returns the figure and the two total times."""
+    normal, overlap, normal_total, overlap_total, steps = emulate_lanes(events, device_speedup)
     colours = {"plan": "#76b7b2", "forward": DECODE, "read": PREFILL}
     fig, axes = plt.subplots(2, 1, figsize=(13, 3.4), sharex=True)
     for ax, (name, lanes, total) in zip(axes, [("normal loop", normal, normal_total), ("overlap loop", overlap, overlap_total)]):
@@ -575,7 +593,7 @@ def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
                 ax.add_patch(Rectangle((s * 1e3, y - 0.35), d * 1e3, 0.7, color=colours[kind], ec="white", lw=0.5))
         ax.set_yticks([0, 1], ["CPU", "device"])
         ax.set_ylim(1.6, -0.6)
-        ax.set_title(f"{name}: {total * 1e3:.0f} ms for {len(fwd)} steps", fontsize=10, loc="left")
+        ax.set_title(f"{name}: {total * 1e3:.0f} ms for {steps} steps", fontsize=10, loc="left")
     axes[-1].set_xlabel("ms (phase durations measured on the CPU, laid out as a GPU would run them)")
     axes[-1].set_xlim(0, max(normal_total, overlap_total) * 1e3 * 1.01)
     axes[0].legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], fontsize=8, ncol=3,
