@@ -244,3 +244,56 @@ def small_llm(**kw: Any):
 
 
 small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# the chapter index
+
+STAGES_OF_THE_BOOK = {0: "Overview", 1: "Stage 1 · computing correctly", 7: "Stage 2 · scheduling well",
+                      12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger"}
+ONE_LINERS = {
+    0: "greedy generation with a KV cache in ~120 lines of plain torch, checked against transformers; the map of the book",
+    1: "`SamplingParams`, `Req` and its three lengths through a request's life, `Batch`, the forward `Context`",
+    2: "`BaseOP`, linear layers and how tensor parallelism cuts them, RMSNorm, rotary embeddings",
+    3: "config, registry, one decoder for four families, a loader that merges q/k/v and gate/up on the fly",
+    4: "one tensor for every layer's keys and values, addressed by slot through table rows",
+    5: "the backend interface, the torch backend over a paged pool, prefill and decode masks",
+    6: "an `Engine` per rank: model, KV pool sized from memory, page table, seeded sampling",
+    7: "the main loop, continuous batching, `LLM.generate`",
+    8: "page allocation and release, reservations, admission control",
+    9: "sharing prompt prefixes between requests with a radix tree",
+    10: "long prompts in slices: time to first token against time per token",
+    11: "planning step N+1 while step N runs",
+    12: "messages between processes and their wire format",
+    13: "chat templates in, streaming text out: tokenizer and incremental detokenizer",
+    14: "the scheduler as a server process over ZMQ",
+    15: "an OpenAI-compatible API server and an interactive shell",
+    16: "one model over several GPUs: sharded weights, all-reduce, one scheduler per rank",
+    17: "FlashInfer's paged attention kernels behind the same backend interface",
+    18: "capturing decode steps as CUDA graphs and replaying them",
+    19: "fused Triton kernels with PyTorch fallbacks as their specification",
+    20: "mixture-of-experts layers: routing, aligned blocks, fused experts",
+    21: "throughput and latency benchmarks, and the memory-bandwidth floor",
+}
+
+
+def chapter_table():
+    """The chapters as a Markdown table, linking the notebooks that exist."""
+    import json
+
+    from IPython.display import Markdown
+
+    here = Path(__file__).resolve().parent
+    found = {int(p.name[:2]): p for p in here.glob("[0-9][0-9]_*.ipynb")}
+    lines = ["| | Chapter | What you build |", "|---|---|---|"]
+    for n in range(max(max(found, default=0), max(ONE_LINERS)) + 1):
+        if n in STAGES_OF_THE_BOOK:
+            lines.append(f"| | **{STAGES_OF_THE_BOOK[n]}** | |")
+        if n in found:
+            first = json.loads(found[n].read_text())["cells"][0]["source"]
+            title = ("".join(first) if isinstance(first, list) else first).splitlines()[0].lstrip("# ")
+            title = title.split("·", 1)[-1].strip()
+            lines.append(f"| {n} | [{title}]({found[n].name}) | {ONE_LINERS.get(n, '')} |")
+        elif n in ONE_LINERS:
+            lines.append(f"| {n} | *(not written yet)* | {ONE_LINERS[n]} |")
+    return Markdown("\n".join(lines))
