@@ -29,11 +29,12 @@ if TYPE_CHECKING:
     from minisgl.core import Batch
 
 _WORKSPACE_BYTES = 256 << 20  # FlashInfer's scratch for split-KV partial results
-# Decode on tensor cores (FlashInfer's prefill kernel with one query per request) was about 10%
-# faster than the CUDA-core decode kernel on an H200 even for Qwen3-0.6B's 2 query heads per KV
-# head (256 requests, ~1100 keys each: 307 us vs 336 us per layer), and it reuses the prefill
-# kernel, so only one kernel family is compiled.
-DECODE_TENSOR_CORES = True
+# Decode on tensor cores (FlashInfer's prefill kernel with one query per request) against the
+# CUDA-core decode kernel, Qwen3-0.6B shape (2 query heads per KV head) on an H200: 10% faster
+# attention alone at 256 requests x ~1100 keys (307 vs 336 us per layer), but a slower whole
+# decode step at 256 requests x ~550 keys (7.3-7.6 vs 6.6 ms) and at 16 requests (2.1 vs 1.9 ms),
+# and the same offline throughput within 2%. The CUDA-core kernel stays the default.
+DECODE_TENSOR_CORES = False
 
 
 @dataclass

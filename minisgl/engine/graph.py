@@ -15,6 +15,7 @@ The sampler runs after the replay, on the real rows of the logits.
 from __future__ import annotations
 
 import bisect
+import gc
 import time
 from typing import TYPE_CHECKING, Dict, List
 
@@ -64,18 +65,28 @@ class GraphRunner:
         backend.init_capture_graph(self.max_bs, self.bs_list)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=engine.device)
-        # largest first: smaller graphs then fit in the memory the larger one left in the pool
-        for bs in reversed(self.bs_list):
-            batch = self._static_batch(bs)
-            backend.prepare_for_capture(batch)
-            with ctx.forward_batch(batch):
-                engine.model.forward()  # warm-up: compiles kernels, allocates outside the graph
-            torch.cuda.synchronize(engine.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
+        # A garbage collection during a capture may free an old object that owns a CUDA event or
+        # pinned memory; the driver call that frees it is illegal while capturing and voids the
+        # graph. Collect first, then keep the collector off until every graph is captured.
+        gc.collect()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            # largest first: smaller graphs then fit in the memory the larger one left in the pool
+            for bs in reversed(self.bs_list):
+                batch = self._static_batch(bs)
+                backend.prepare_for_capture(batch)
                 with ctx.forward_batch(batch):
-                    self.logits[bs] = engine.model.forward()
-            self.graphs[bs] = graph
+                    engine.model.forward()  # warm-up: compiles kernels, allocates outside the graph
+                torch.cuda.synchronize(engine.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    with ctx.forward_batch(batch):
+                        self.logits[bs] = engine.model.forward()
+                self.graphs[bs] = graph
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         torch.cuda.synchronize(engine.device)
 
     def padded_size(self, bs: int) -> int:
