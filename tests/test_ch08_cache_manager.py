@@ -125,3 +125,14 @@ def test_radix_cache_keeps_pages_but_all_are_accounted(hf_refs):
     cache = llm.cache
     assert cache.prefix_cache.size > 0 and cache.prefix_cache.protected_size == 0
     assert cache.free_pages + cache.prefix_cache.size // 4 == cache.num_pages
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_request_filling_the_context_exactly_runs(page_size, hf_refs):
+    """prompt + max_tokens == max_seq_len is allowed; with 62 columns and 4-token pages the last
+    page sticks out of the page table, and the manager must not write past it."""
+    llm = build_llm(TINY_QWEN3, page_size=page_size, max_seq_len=62, num_pages=64 // page_size)
+    prompt = list(range(500, 558))
+    out = llm.generate([prompt], SamplingParams(max_tokens=4))[0]
+    llm.assert_all_free()
+    assert out.token_ids == hf_refs.get(TINY_QWEN3, prompt, 4)

@@ -234,3 +234,32 @@ def test_abort_of_an_unknown_or_finished_request_is_a_no_op(abort_llm):
     llm.abort_request(12345)
     assert llm.is_idle and stats["freed"] == [out.uid]
     llm.assert_all_free()
+
+
+def test_abort_while_a_prefill_with_a_prefix_hit_is_in_flight(abort_llm, hf_refs):
+    """The request holds a radix lock and fresh pages while its prefill is launched but unread."""
+    llm, stats = abort_llm
+    prompt = prompt_ids(TINY_QWEN3)[2]
+    llm.generate([prompt[:20]], SamplingParams(max_tokens=1))
+    uid = llm.add_request(prompt, SamplingParams(max_tokens=4))
+    while not any(uid in t.uids for t in llm.trace):
+        llm.step()
+    llm.abort_request(uid)
+    _drain(llm)
+    assert llm.take_output(uid).finish_reason == "abort"
+    assert stats["freed"].count(uid) == 1
+    llm.assert_all_free()
+    assert llm.generate([prompt], SamplingParams(max_tokens=4))[0].token_ids == hf_refs.get(TINY_QWEN3, prompt, 4)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_seeded_sampling_ignores_overlap_and_chunking(overlap):
+    """The draw for a token depends on (seed, position) only, not on how the steps were scheduled."""
+    prompts = prompt_ids(TINY_QWEN3)
+    params = [SamplingParams(max_tokens=6, temperature=1.0, top_p=0.95, seed=100 + i) for i in range(len(prompts))]
+    base = build_llm(TINY_QWEN3, overlap=False, max_extend_tokens=8192, max_running_reqs=8)
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    assert any(len(set(t)) > 1 for t in expected)  # really sampled: greedy repeats one token here
+    llm = build_llm(TINY_QWEN3, overlap=overlap, max_extend_tokens=7, max_running_reqs=3, page_size=4)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    llm.assert_all_free()
