@@ -252,7 +252,7 @@ small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 STAGES_OF_THE_BOOK = {0: "Overview", 1: "Stage 1 · computing correctly", 7: "Stage 2 · scheduling well",
                       12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger"}
 ONE_LINERS = {
-    0: "greedy generation with a KV cache in ~120 lines of plain torch, checked against transformers; the map of the book",
+    0: "greedy generation with a KV cache in ~60 lines of plain torch, checked against transformers; the map of the book",
     1: "`SamplingParams`, `Req` and its three lengths through a request's life, `Batch`, the forward `Context`",
     2: "`BaseOP`, linear layers and how tensor parallelism cuts them, RMSNorm, rotary embeddings",
     3: "config, registry, one decoder for four families, a loader that merges q/k/v and gate/up on the fly",
