@@ -107,6 +107,14 @@ def test_prompt_longer_than_the_context_is_refused_naming_the_limit(tiny):
     tiny.assert_all_free()
 
 
+def test_prompt_longer_than_the_model_context_is_refused():
+    """Without a max_seq_len setting the limit is the model's own context (2048 for tiny-qwen3)."""
+    llm = LLM(str(TINY_QWEN3), **small_engine_kwargs(max_seq_len=None))
+    with pytest.raises(InvalidRequestError, match="prompt has 2049 tokens .* context is 2048 tokens"):
+        llm.generate([[7] * 2049], SamplingParams(max_tokens=1))
+    llm.assert_all_free()
+
+
 def test_request_larger_than_the_kv_pool_is_refused(tiny):
     small = build_llm(TINY_QWEN3, max_seq_len=64, num_pages=4, page_size=4)  # 16 tokens of KV
     with pytest.raises(InvalidRequestError, match="KV memory"):
