@@ -159,6 +159,29 @@ def test_tp2_replicated_kv_head_and_padded_vocab(kv1_model):
     assert _generate(kv1_model, PROMPTS, params, tp_size=2) == want
 
 
+def test_tp2_abort_is_mirrored():
+    """An abort reaches every rank before the next step, so all ranks drop the request from the
+    same batch; afterwards every rank is idle with nothing allocated and the same tokens sampled."""
+    from minisgl.llm.llm import RequestOutput
+
+    llm = build_llm(TINY_QWEN3, tp_size=2, overlap=True)
+    try:
+        long, short = SamplingParams(max_tokens=40, ignore_eos=True), SamplingParams(max_tokens=6, ignore_eos=True)
+        uids = [llm.add_request(PROMPTS[0], long), llm.add_request(PROMPTS[1], short)]
+        for uid, p in zip(uids, PROMPTS):
+            llm._outputs[uid] = RequestOutput(uid, list(p))
+        for _ in range(3):
+            llm.step()
+        llm.abort_request(uids[0])
+        while not llm.is_idle:
+            llm.step()  # goes idle here: the followers are asked for their state
+        llm.assert_all_free()
+        assert llm._outputs[uids[0]].finish_reason == "abort" and len(llm._outputs[uids[0]].token_ids) < 40
+        assert llm._outputs[uids[1]].token_ids == REFS.get(TINY_QWEN3, PROMPTS[1], 6, stop_at_eos=False)
+    finally:
+        llm.shutdown()
+
+
 # ---- failure handling ---------------------------------------------------------------------------
 
 

@@ -34,3 +34,10 @@ def min_over_ranks(value: int, device: torch.device) -> int:
     t = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return int(t.item())
+
+
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over ranks, in place (for agreement checks: max(v, -v) gives max and min)."""
+    if get_tp_info().size > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x

@@ -21,7 +21,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from minisgl.core import SamplingParams
+from minisgl.core import Batch, SamplingParams
+from minisgl.distributed.comm import all_reduce_max
 from minisgl.distributed.group import destroy_tp_group, host_store, init_tp_group, join_store, wait_for_ranks
 from minisgl.distributed.launch import RankFailedError, RankProcesses, rank_device, recv_msg, report_error, send_msg
 from minisgl.distributed.split import check_tp_split
@@ -102,6 +103,22 @@ class TensorParallelMixin:
                 raise
             raise RankFailedError(f"a tensor-parallel step failed{detail}") from e
 
+    def launch(self, batch: Batch) -> ForwardResult:
+        if self._tp_size > 1 and self.config.check_integrity:
+            self._check_same_batch(batch)
+        return super().launch(batch)
+
+    def _check_same_batch(self, batch: Batch) -> None:
+        """With integrity checks on: one tiny all-reduce per step proves every rank is about to run
+        the same batch. Without it, diverged ranks would feed collectives of different sizes,
+        which hang until the group's timeout instead of failing."""
+        shape = [(r.uid, r.cached_len, r.extend_len) for r in batch.reqs]
+        sig = zlib.crc32(repr((batch.phase, shape)).encode())
+        t = torch.tensor([sig, -sig], dtype=torch.int64, device=self.device)
+        all_reduce_max(t)
+        if t[0].item() != sig or -t[1].item() != sig:
+            raise RankFailedError(f"tensor-parallel ranks scheduled different batches at step {self._step}; this rank's: {batch.phase} {shape}")
+
     def process_results(self, result: ForwardResult) -> None:
         super().process_results(result)
         if self._tp_size > 1:
@@ -109,12 +126,13 @@ class TensorParallelMixin:
             self._checksum = zlib.crc32(tokens, self._checksum)
 
     def _check_agreement(self) -> None:
+        """Rank 0 is idle: every other rank must be idle too, having sampled the same tokens."""
         self._workers.send_all(("checksum", None))
         theirs = self._workers.recv_all("checksum", READY_TIMEOUT_S)
-        if any(c != self._checksum for c in theirs):
+        if any(t != (self._checksum, True) for t in theirs):
             raise RankFailedError(
-                f"tensor-parallel ranks sampled different tokens (checksums {[self._checksum, *theirs]}): "
-                "their schedulers or logits diverged"
+                f"tensor-parallel ranks diverged: (token checksum, idle) is {(self._checksum, True)} on rank 0, "
+                f"{theirs} on the others"
             )
 
     def shutdown(self) -> None:
@@ -161,7 +179,7 @@ def follower_main(rank: int, size: int, conn: Connection, config: SchedulerConfi
                     scheduler.apply(command)
                 scheduler.step()
             elif kind == "checksum":
-                send_msg(conn, ("checksum", scheduler._checksum))
+                send_msg(conn, ("checksum", (scheduler._checksum, scheduler.is_idle)))
     except EOFError:
         pass  # rank 0 is gone: nothing left to serve
     except BaseException:
