@@ -155,8 +155,8 @@ def occupancy(snapshots: Sequence[Dict[str, List[int]]], num_slots: int, steps: 
     names = sorted({n for snap in snapshots for n in snap})
     color = {n: REQ_COLORS[i % len(REQ_COLORS)] for i, n in enumerate(names)}
     rows_n = -(-num_slots // cols)
-    fig, axes = plt.subplots(1, len(steps), figsize=(2.6 * len(steps), 0.35 * rows_n + 1.0))
-    for ax, step in zip(axes, steps):
+    fig, axes = plt.subplots(1, len(steps), figsize=(2.6 * len(steps), 0.35 * rows_n + 1.0), squeeze=False)
+    for ax, step in zip(axes[0], steps):
         owner = {slot: name for name, slots in snapshots[step].items() for slot in slots}
         for s in range(num_slots):
             r, c = divmod(s, cols)
