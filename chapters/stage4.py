@@ -9,7 +9,6 @@ staged package only needs what that chapter uses.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -83,31 +82,31 @@ def shard_table(models: Dict[str, object], names: Sequence[str]) -> str:
     return table(rows)
 
 
-# ---- results files written by measured GPU runs -------------------------------------------------
-def load_results(relpath: str) -> Optional[dict]:
-    """A JSON results file committed by a measured device run, or None when there is none yet."""
-    path = REPO / relpath
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
+# ---- results of measured GPU runs --------------------------------------------------------------
+RESULTS = "minisgl/benchmark/RESULTS.md"  # committed by whoever measured on a GPU; chapters never estimate
 
 
-# Where measured GPU runs commit their results (JSON); the first one found is used.
-RESULT_GLOBS = ("minisgl/benchmark/results/*.json", "minisgl/benchmark/*.json", "docs/results/*.json", "docs/*.json")
+class Quoted(str):
+    """Text quoted from the results file: shows as Markdown in Jupyter, as itself elsewhere."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
 
 
-def gpu_results(topic: str) -> Optional[dict]:
-    """The entry `topic` of a committed GPU results file, or None when none has been measured.
-    Numbers in the chapters come only from such files, never from estimates."""
-    for pattern in RESULT_GLOBS:
-        for path in sorted(REPO.glob(pattern)):
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict) and topic in data:
-                return data[topic]
-    return None
+def gpu_results(heading: str, path: str = RESULTS) -> Quoted:
+    """The section of the committed GPU results whose `## ` heading starts with `heading`, quoted
+    with its source, or a "not measured yet" note. Chapters report GPU figures only this way."""
+    file = REPO / path
+    if file.is_file():
+        text = file.read_text()
+        title = text.splitlines()[0].lstrip("# ").strip() if text else ""
+        for section in text.split("\n## ")[1:]:
+            if section.startswith(heading):
+                return Quoted(f"**{title}** (quoted from `{path}`)\n\n## {section.strip()}")
+    return Quoted(f"not measured yet: `{path}` has no section \"{heading}\"")
 
 
 # ---- chapter 18: CUDA graphs, emulated on the CPU ----------------------------------------------
