@@ -44,7 +44,8 @@ def message(cls: Type[T]) -> Type[T]:
     return cls
 
 
-def _encode(value: Any, where: str) -> Any:
+def encode_value(value: Any, where: str) -> Any:
+    """One value in msgpack-ready form; `where` names it in errors ("UserMsg.input_ids")."""
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
     if isinstance(value, torch.Tensor):
@@ -61,22 +62,23 @@ def _encode(value: Any, where: str) -> Any:
         out: Dict[str, Any] = {"__dc__": name}
         for f in dataclasses.fields(value):
             if f.init:
-                out[f.name] = _encode(getattr(value, f.name), f"{name}.{f.name}")
+                out[f.name] = encode_value(getattr(value, f.name), f"{name}.{f.name}")
         return out
     if isinstance(value, tuple):
-        return {"__tuple__": [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+        return {"__tuple__": [encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
         if any(not isinstance(k, str) or k.startswith("__") for k in value):
             raise SerdeError(f"{where}: dict keys must be strings not starting with '__'")
-        return {k: _encode(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: encode_value(v, f"{where}.{k}") for k, v in value.items()}
     raise SerdeError(f"{where}: cannot send a {type(value).__name__}")
 
 
-def _decode(value: Any) -> Any:
+def decode_value(value: Any) -> Any:
+    """Inverse of `encode_value`: rebuild tagged maps into tensors, tuples and messages."""
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [decode_value(v) for v in value]
     if not isinstance(value, dict):
         return value
     if "__tensor__" in value:
@@ -84,26 +86,26 @@ def _decode(value: Any) -> Any:
         # bytearray: torch wants a writable buffer, and the tensor must own its memory
         return torch.frombuffer(bytearray(value["data"]), dtype=dtype) if value["data"] else torch.empty(0, dtype=dtype)
     if "__tuple__" in value:
-        return tuple(_decode(v) for v in value["__tuple__"])
+        return tuple(decode_value(v) for v in value["__tuple__"])
     if "__dc__" in value:
         name = value["__dc__"]
         cls = _REGISTRY.get(name)
         if cls is None:
             raise SerdeError(f"unknown message type {name!r}: is the sender running a different version?")
-        return cls(**{k: _decode(v) for k, v in value.items() if k != "__dc__"})
-    return {k: _decode(v) for k, v in value.items()}
+        return cls(**{k: decode_value(v) for k, v in value.items() if k != "__dc__"})
+    return {k: decode_value(v) for k, v in value.items()}
 
 
 def serialize(msg: Any) -> bytes:
     """Encode a registered dataclass (fields may nest dataclasses, lists, dicts, tuples, tensors)."""
     if not dataclasses.is_dataclass(msg):
         raise SerdeError(f"only messages (dataclasses) are sent, got {type(msg).__name__}")
-    return msgpack.packb(_encode(msg, type(msg).__name__), use_bin_type=True)
+    return msgpack.packb(encode_value(msg, type(msg).__name__), use_bin_type=True)
 
 
 def deserialize(data: bytes) -> Any:
     """Inverse of `serialize`: the same class with equal fields (tensors equal elementwise)."""
-    return _decode(msgpack.unpackb(data, raw=False))
+    return decode_value(msgpack.unpackb(data, raw=False))
 
 
 @message

@@ -9,10 +9,11 @@ cancelled, and closing its `RequestStream` aborts the request in the scheduler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +27,8 @@ from .launch import Backend
 from .protocol import ChatCompletionRequest, CompletionRequest, _Common
 
 T = TypeVar("T")
+# (text or None, finish_reason or None, start=False) -> a chunk dict, or with start=True a list of them
+ChunkMaker = Callable[..., Any]
 
 
 def error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> JSONResponse:
@@ -55,6 +58,28 @@ async def until_done_or_gone(request: Request, aw: Awaitable[T], poll_s: float =
 
 def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def sse_events(first: UserReply, next_reply: Callable[[], Awaitable[UserReply]], make_chunk: ChunkMaker, include_usage: bool) -> AsyncIterator[str]:
+    """The event lines of one streamed request, starting from its first reply.
+
+    Order: the opening chunks (`make_chunk(None, None, start=True)`, a list: chat sends the
+    assistant role first), one chunk per reply with text, a final chunk with the finish reason
+    and no text, then -- if asked -- a chunk with no choices and the usage, then ``[DONE]``.
+    """
+    for head in make_chunk(None, None, start=True):
+        yield sse(head)
+    reply = first
+    while True:
+        if reply.text:
+            yield sse(make_chunk(reply.text, None))
+        if reply.finished:
+            break
+        reply = await next_reply()
+    yield sse(make_chunk(None, reply.finish_reason))
+    if include_usage:
+        yield sse({**make_chunk(None, None), "choices": [], "usage": usage(reply)})
+    yield "data: [DONE]\n\n"
 
 
 def usage(reply: UserReply) -> Dict[str, int]:
@@ -123,20 +148,9 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[str]:
-            reply: Optional[UserReply] = first
             try:
-                for head in make_chunk(rid, None, None, start=True):
-                    yield sse(head)
-                while reply is not None:
-                    if reply.text:
-                        yield sse(make_chunk(rid, reply.text, None))
-                    if reply.finished:
-                        yield sse(make_chunk(rid, None, reply.finish_reason))
-                        if include_usage:
-                            yield sse({**make_chunk(rid, None, None), "choices": [], "usage": usage(reply)})
-                        break
-                    reply = await until_done_or_gone(request, stream.next())
-                yield "data: [DONE]\n\n"
+                async for line in sse_events(first, lambda: until_done_or_gone(request, stream.next()), functools.partial(make_chunk, rid), include_usage):
+                    yield line
             except ClientGone:
                 pass  # nobody to tell; closing the stream below aborts the request
             finally:
