@@ -40,6 +40,15 @@ def test_generate_matches_transformers_greedy(path, hf_refs):
     assert generate_ids(llm, prompts, MAX_TOKENS) == expected
 
 
+def test_config_route_and_keyword_overrides_agree():
+    """`LLM(config=SchedulerConfig(engine=EngineConfig(...)))`, with keywords overriding engine fields."""
+    engine = EngineConfig(model_path=str(TINY_LLAMA), **small_engine_kwargs(page_size=1))
+    llm = LLM(config=SchedulerConfig(engine=engine, prefix_cache="naive", overlap=False), page_size=4, max_running_reqs=3)
+    assert (llm.config.engine.page_size, llm.config.engine.max_running_reqs) == (4, 3)
+    assert llm.config.prefix_cache == "naive" and not llm.config.overlap
+    assert llm.engine.page_size == 4 and llm.table.max_running_reqs == 3
+
+
 @pytest.fixture(scope="module")
 def smol():
     """SmolLM2 with two table rows, so eight prompts must take turns."""
