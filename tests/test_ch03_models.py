@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import SMOLLM2, TINY_LLAMA, TINY_QWEN2, TINY_QWEN3, build_engine, fill_batch, hf_model, make_req, map_rows
+from helpers import SMOLLM2, TINY_LLAMA, TINY_QWEN2, TINY_QWEN3, build_engine, engine_logits, fill_batch, hf_model, make_req, map_rows
 from minisgl.core import Batch, set_global_ctx
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy, register_model, supported_architectures
 from minisgl.models.llama import LlamaForCausalLM
@@ -205,3 +205,36 @@ def test_folder_without_safetensors_is_reported(tmp_path):
     shutil.copy(TINY_LLAMA / "config.json", tmp_path / "config.json")
     with pytest.raises(FileNotFoundError, match="safetensors"):
         load_checkpoint(_fresh(tmp_path), tmp_path)
+
+
+# ---- rope scaling read from config.json, end to end ---------------------------------------------
+
+SCALED = {
+    "llama3": (TINY_LLAMA, {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
+    "yarn": (TINY_QWEN3, {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                          "original_max_position_embeddings": 512}),
+}
+
+
+@pytest.mark.parametrize("kind", list(SCALED))
+def test_scaled_rope_model_matches_transformers(kind, tmp_path):
+    """A model whose config.json asks for llama3 or YaRN scaling: the whole model's logits match."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base, rope = SCALED[kind]
+    cfg = AutoConfig.from_pretrained(str(base))
+    cfg.rope_parameters = rope
+    cfg.initializer_range = 0.1  # larger weights: attention (and so the rotary) visibly moves the logits
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    hf.save_pretrained(str(tmp_path))
+    assert ModelConfig.from_dir(tmp_path).rope_scaling["rope_type"] == kind
+    ids = list(range(1000, 1300, 7))  # 43 tokens
+    with torch.inference_mode():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0, -1]
+    engine = build_engine(tmp_path)
+    req = make_req(ids, row=0)
+    map_rows(engine.page_table, engine.page_size, [req], [len(ids)], engine.num_pages)
+    got = engine_logits(engine, [req], "prefill")[0]
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
