@@ -182,6 +182,26 @@ def test_tp2_abort_is_mirrored():
         llm.shutdown()
 
 
+def test_tp2_coexists_with_a_single_rank_engine():
+    """A TP=1 LLM built while a TP=2 one is alive (as in a notebook) leaves it working, and a
+    second TP=2 LLM is refused without harming the first one's group."""
+    from minisgl.llm import LLM
+
+    want = [REFS.get(TINY_QWEN3, p, 3, stop_at_eos=False) for p in PROMPTS]
+    two = build_llm(TINY_QWEN3, tp_size=2)
+    try:
+        one = build_llm(TINY_QWEN3)
+        assert generate_ids(one, PROMPTS, 3, ignore_eos=True) == want
+        assert generate_ids(two, PROMPTS, 3, ignore_eos=True) == want
+        with pytest.raises(RuntimeError, match="already leads a tensor-parallel group"):
+            LLM(str(TINY_QWEN3), tp_size=2)
+        assert generate_ids(two, PROMPTS, 3, ignore_eos=True) == want
+        assert generate_ids(one, PROMPTS, 3, ignore_eos=True) == want
+    finally:
+        two.shutdown()
+    assert _no_children_left()
+
+
 # ---- failure handling ---------------------------------------------------------------------------
 
 

@@ -20,9 +20,11 @@ from multiprocessing.connection import Connection
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
 from minisgl.core import Batch, SamplingParams
 from minisgl.distributed.comm import all_reduce_max
+from minisgl.distributed.info import TPInfo, set_tp_info
 from minisgl.distributed.group import destroy_tp_group, host_store, init_tp_group, join_store, wait_for_ranks
 from minisgl.distributed.launch import RankFailedError, RankProcesses, rank_device, recv_msg, report_error, send_msg
 from minisgl.distributed.split import check_tp_split
@@ -54,6 +56,11 @@ class TensorParallelMixin:
             super().__init__(config)  # a single rank, or a follower built by `follower_main`
             return
         check_tp_split(ModelConfig.from_dir(config.engine.model_path), self._tp_size)
+        if dist.is_initialized():  # checked before spawning: failing later would tear down the live group
+            raise RuntimeError(
+                "this process already leads a tensor-parallel group: call shutdown() on that LLM "
+                "before starting another with tp_size > 1"
+            )
         store = self._store = host_store()  # the group keeps using it after the rendezvous
         workers = RankProcesses.spawn(range(1, self._tp_size), self._tp_size, follower_main, (config, store.port))
         self._finalizer = weakref.finalize(self, _stop, workers)
@@ -104,6 +111,9 @@ class TensorParallelMixin:
             raise RankFailedError(f"a tensor-parallel step failed{detail}") from e
 
     def launch(self, batch: Batch) -> ForwardResult:
+        # the layers read which rank they are from a process global; another engine built in this
+        # process since (a TP=1 reference in a notebook, say) may have changed it
+        set_tp_info(TPInfo(self.config.engine.tp_rank, self._tp_size))
         if self._tp_size > 1 and self.config.check_integrity:
             self._check_same_batch(batch)
         return super().launch(batch)
