@@ -7,7 +7,8 @@ pool sizes agreed with a min over ranks, seeds sent explicitly), and every rank 
 logits (the LM head is all-gathered) and samples with the same hash of (seed, position), so all
 ranks make the same decisions without shipping batches or tokens around. That is the whole
 protocol: one small pipe message per step. To catch a broken assumption early, each rank folds
-the tokens it samples into a checksum, and rank 0 compares checksums whenever it goes idle.
+the tokens it samples into a checksum, and rank 0 compares checksums whenever it goes idle; with
+integrity checks on, the ranks also prove before every forward pass that they hold the same batch.
 """
 
 from __future__ import annotations
