@@ -248,7 +248,13 @@ def build(n: int, manifest: Optional[Manifest] = None) -> Path:
         (tmp / name).symlink_to(Path("..") / ".." / name)
     (tmp / ".stamp").write_text(digest)
     shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    try:
+        tmp.rename(target)
+    except OSError:
+        # another process built the same stage at the same moment: keep theirs if it is current
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (stamp.is_file() and stamp.read_text() == digest):
+            raise
     return target
 
 
