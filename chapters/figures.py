@@ -86,7 +86,7 @@ def sampling_filters_figure(logits, decode: Callable[[int], str], temperature=0.
 
 # ---- chapter 07 / 10 / 11: who ran in which step ----------------------------------------------
 def schedule_timeline(trace, title: str = "", ax=None, label_uid: Callable[[int], str] = lambda u: f"uid{u}"):
-    """A step-by-request grid: orange = prefill (pale: a chunk of a prompt), blue = decode.
+    """A step-by-request grid: orange = prefill (pale: one of several chunks of a prompt), blue = decode.
     The number in a prefill cell is how many prompt tokens that step computed."""
     trace = list(trace)
     first = trace[0].step
@@ -94,10 +94,15 @@ def schedule_timeline(trace, title: str = "", ax=None, label_uid: Callable[[int]
     row = {u: i for i, u in enumerate(uids)}
     if ax is None:
         _, ax = plt.subplots(figsize=(max(6, 0.45 * len(trace) + 2), 0.45 * len(uids) + 1.4))
+    # a prompt computed over several prefill steps is drawn pale in every one of them
+    prefills = defaultdict(int)
+    for t in trace:
+        for u in t.uids if t.phase == "prefill" else ():
+            prefills[u] += 1
     for t in trace:
         for u, n, c in zip(t.uids, t.extend_lens, t.cached_lens):
             prefill = t.phase == "prefill"
-            color = (CHUNK if (c > 0 or n == 0) and prefill else PREFILL) if prefill else DECODE
+            color = (CHUNK if prefills[u] > 1 else PREFILL) if prefill else DECODE
             x = t.step - first
             ax.add_patch(Rectangle((x, row[u] - 0.4), 0.92, 0.8, color=color))
             if prefill:
