@@ -55,7 +55,7 @@ class Exercise:
     title: str
     difficulty: int  # 1 easy, 2 medium, 3 hard
     replaces: Tuple[Replace, ...]
-    unit_timeout_s: float = 30.0
+    unit_timeout_s: float = 20.0
     e2e_timeout_s: float = 180.0
     memory_limit_gb: float = 6.0
     cases: List[Case] = field(default_factory=list)

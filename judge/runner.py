@@ -24,6 +24,7 @@ from .registry import REPO_ROOT
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
 POLL_S = 0.05
+MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 
 
 @dataclass
@@ -144,6 +145,10 @@ def run_cases(
             if on_done is not None and on_done(current.id, report.results[current.id]):
                 return report
             remaining = [c for c in remaining if c.id not in report.results]
+            if sum(r["status"] == "timeout" for r in report.results.values()) >= MAX_TIMEOUTS:
+                for c in remaining:  # an endless loop would cost every case its full limit
+                    report.results[c.id] = {"status": "error", "error": f"not run: {MAX_TIMEOUTS} cases already ran out of time", "obs": [], "seconds": 0.0}
+                return report
     return report
 
 
