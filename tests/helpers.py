@@ -9,6 +9,7 @@ the same tokens cheaply.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -84,10 +85,12 @@ def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool
     model = hf_model(path)
     stops = set(eos_ids(path)) if stop_at_eos else set()
     cache = DynamicCache(config=model.config)
+    # transformers renamed `past_key_values` to `cache` during 5.x; use whichever this one takes
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     x = torch.tensor([list(ids)])
     out: List[int] = []
     for _ in range(max_tokens):
-        logits = model(input_ids=x, cache=cache, use_cache=True).logits[0, -1]
+        logits = model(input_ids=x, use_cache=True, **{cache_kw: cache}).logits[0, -1]
         token = int(logits.argmax())
         out.append(token)
         if token in stops:
