@@ -139,14 +139,15 @@ def teacher_forced_logits(config, prompt: Sequence[int], forced: Sequence[int], 
 
 # ---- managers without a model: for unit cases on the scheduler's pieces -----------------------------
 def managers(rows: int = 4, num_pages: int = 64, page_size: int = 1, max_seq_len: int = 128, prefix_cache: str = "radix"):
-    """A TableManager and CacheManager on the CPU, sharing one page table (with its dummy row)."""
+    """A TableManager and CacheManager sharing one page table (with its dummy row), on the device
+    the engine would use: the GPU when there is one, as in a real run."""
     from minisgl.kvcache import create_prefix_cache
     from minisgl.scheduler.cache import CacheManager
     from minisgl.scheduler.table import TableManager
 
-    page_table = torch.zeros((rows + 1, max_seq_len), dtype=torch.int32)
+    page_table = torch.zeros((rows + 1, max_seq_len), dtype=torch.int32, device=device())
     table = TableManager(rows, page_table)
-    cache = CacheManager(num_pages, page_size, create_prefix_cache(prefix_cache, page_size, torch.device("cpu")), page_table)
+    cache = CacheManager(num_pages, page_size, create_prefix_cache(prefix_cache, page_size, device()), page_table)
     return table, cache
 
 
@@ -157,7 +158,7 @@ def cache_prefix(cache, ids: Sequence[int]) -> None:
     if len(ids) == 0:
         return
     pages = cache._take_pages(len(ids) // ps)
-    slots = (pages[:, None] * ps + torch.arange(ps)).flatten().to(torch.int32)
+    slots = (pages[:, None] * ps + torch.arange(ps)).flatten().to(cache.page_table.device, torch.int32)
     kept = cache.prefix_cache.insert_prefix(ids, slots)
     cache._release_slots(slots[:kept])  # the part the cache already had
 

@@ -22,7 +22,7 @@ EXERCISE = Exercise(
 def _batch(obs: Obs, specs, phase: str, seed: int = 0) -> None:
     """specs: (cached_len, device_len) per request; rows hold made-up slots."""
     gen = torch.Generator().manual_seed(seed)
-    page_table = torch.randint(0, 10_000, (len(specs) + 2, 64), generator=gen, dtype=torch.int32)
+    page_table = torch.randint(0, 10_000, (len(specs) + 2, 64), generator=gen, dtype=torch.int32).to(harness.device())
     reqs = []
     for i, (cached, dev) in enumerate(specs):
         r = Req(torch.arange(dev, dtype=torch.int32), len(specs) - i, cached, i, SamplingParams(max_tokens=8), BaseCacheHandle(0))

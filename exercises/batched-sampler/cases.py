@@ -26,8 +26,8 @@ def _sample(obs: Obs, params, seed: int, steps: int = 3) -> None:
     sampler = Sampler(VOCAB)
     reqs = [Req(torch.arange(4, dtype=torch.int32), i, 0, i, sp, BaseCacheHandle(0), seed=1000 + 7 * i + seed) for i, sp in enumerate(params)]
     for step in range(steps):
-        logits = torch.randn(len(reqs), VOCAB, generator=gen) * 3
-        args = make_sampling_args(reqs, VOCAB, torch.device("cpu"))
+        logits = (torch.randn(len(reqs), VOCAB, generator=gen) * 3).to(harness.device())
+        args = make_sampling_args(reqs, VOCAB, harness.device())
         before = snapshot(logits)
         ids = sampler.sample(logits, args)
         obs.unchanged(f"step {step}: the logits you were given", before, logits)
