@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 from .api import Exercise, take_pending
 
@@ -37,6 +38,33 @@ def folder(exercise_id: str) -> Path:
 _LOADED: Dict[str, Exercise] = {}
 
 
+def _is_engine_module(name: str) -> bool:
+    return name == "minisgl" or name.startswith("minisgl.")
+
+
+@contextmanager
+def full_engine() -> Iterator[None]:
+    """Import from the repository's full `minisgl`, even in a notebook that staged an earlier
+    chapter's copy of it; the notebook's own modules are put back afterwards untouched."""
+    spec = importlib.util.find_spec("minisgl") if "minisgl" not in sys.modules else None
+    current = sys.modules["minisgl"].__file__ if "minisgl" in sys.modules else (spec.origin if spec else None)
+    if current is not None and Path(current).resolve() == (REPO_ROOT / "minisgl" / "__init__.py").resolve():
+        yield  # already the full engine
+        return
+    saved = {k: v for k, v in sys.modules.items() if _is_engine_module(k)}
+    saved_path = list(sys.path)
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, str(REPO_ROOT))
+    try:
+        yield
+    finally:
+        for k in [k for k in sys.modules if _is_engine_module(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        sys.path[:] = saved_path
+
+
 def load(exercise_id: str) -> Exercise:
     """Import `exercises/<id>/cases.py` (once per process) and return its EXERCISE with cases."""
     if exercise_id in _LOADED:
@@ -47,7 +75,8 @@ def load(exercise_id: str) -> Exercise:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     take_pending()
-    spec.loader.exec_module(module)
+    with full_engine():
+        spec.loader.exec_module(module)
     ex: Exercise = getattr(module, "EXERCISE", None)
     if not isinstance(ex, Exercise) or ex.id != exercise_id:
         raise ValueError(f"{path}: define EXERCISE = Exercise(id={exercise_id!r}, ...)")
