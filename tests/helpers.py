@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -125,9 +126,17 @@ def hf_logits(path: Path, ids: Sequence[int]) -> torch.Tensor:
         return hf_model(path)(input_ids=torch.tensor([list(ids)])).logits[0]
 
 
+# The suite runs on the CPU by default; on a GPU machine the same tests run there with
+# MINISGL_TEST_DEVICE=cuda (float32: token-exact; MINISGL_TEST_DTYPE=bfloat16: see test_ch06).
+TEST_DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
+TEST_DTYPE = os.environ.get("MINISGL_TEST_DTYPE", "float32")
+TEST_ATTENTION = os.environ.get("MINISGL_TEST_ATTENTION", "torch")
+
+
 def small_engine_kwargs(**overrides) -> dict:
-    """Engine settings that keep CPU tests small: float32, a modest KV pool and context."""
-    kwargs = dict(device="cpu", dtype="float32", num_pages=512, max_seq_len=512, max_running_reqs=4)
+    """Engine settings that keep tests small: float32, a modest KV pool and context."""
+    kwargs = dict(device=TEST_DEVICE, dtype=TEST_DTYPE, attention_backend=TEST_ATTENTION,
+                  num_pages=512, max_seq_len=512, max_running_reqs=4)
     kwargs.update(overrides)
     return kwargs
 
@@ -200,10 +209,12 @@ def fill_batch(batch, page_table: torch.Tensor) -> None:
     pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
     rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in reqs])
     lens = torch.tensor([r.extend_len for r in reqs])
-    batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]).to(torch.int32)
+    dev = page_table.device
+    pos, rows = pos.to(dev), rows.to(dev)
+    batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]).to(dev, torch.int32)
     batch.positions = pos
     batch.out_loc = page_table[rows, pos].long()
-    batch.last_indices = torch.cumsum(lens, 0) - 1
+    batch.last_indices = (torch.cumsum(lens, 0) - 1).to(dev)
     batch.padded_size = batch.size
 
 
@@ -219,7 +230,7 @@ def engine_logits(engine, reqs, phase: str) -> torch.Tensor:
         logits = engine.model.forward()
     for r in reqs:
         r.complete_one()
-    return logits
+    return logits.float().cpu()
 
 
 def build_engine(path: Path, **overrides):

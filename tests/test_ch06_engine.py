@@ -15,6 +15,7 @@ import torch
 
 from helpers import (
     SMOLLM2,
+    TEST_DTYPE,
     TINY_LLAMA,
     TINY_QWEN2,
     TINY_QWEN3,
@@ -36,7 +37,10 @@ TEXTS = [
     "Hi",
     "Water boils at a temperature of",
 ]
-TOL = dict(rtol=1e-4, atol=1e-4)
+# float32 on either device: tight. bfloat16 (GPU runs with MINISGL_TEST_DTYPE=bfloat16): the
+# weights and activations are rounded to 8 bits of mantissa, so logits move by a few hundredths
+# of their range; the bound below is what teacher forcing must stay within.
+TOL = dict(rtol=1e-4, atol=1e-4) if TEST_DTYPE == "float32" else dict(rtol=0.05, atol=0.6)
 
 
 @pytest.fixture(scope="module", params=MODELS, ids=[m.name for m in MODELS])
