@@ -16,6 +16,8 @@ from minisgl.utils import default_model_path
 class ServerArgs:
     model: str = field(default_factory=lambda: str(default_model_path()))
     served_model_name: Optional[str] = None  # default: the model folder's name
+    tokenizer: Optional[str] = None  # default: the model folder
+    dummy_weights: bool = False  # random weights from config.json (speed runs without a checkpoint)
     host: str = "127.0.0.1"
     port: int = 1919
     shell: bool = False
@@ -44,6 +46,10 @@ class ServerArgs:
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model).resolve().name
 
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.model
+
     def scheduler_config(self) -> SchedulerConfig:
         engine = EngineConfig(
             model_path=self.model,
@@ -57,6 +63,7 @@ class ServerArgs:
             cpu_kv_budget_gb=self.cpu_kv_budget_gb,
             attention_backend=self.attention_backend,
             use_cuda_graph=self.cuda_graph,
+            dummy_weights=self.dummy_weights,
             seed=self.seed,
         )
         return SchedulerConfig(engine=engine, prefix_cache=self.prefix_cache, max_extend_tokens=self.max_extend_tokens, overlap=self.overlap)
@@ -67,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minisgl", description="Serve a model with an OpenAI-compatible API, or chat with it in the terminal (--shell).")
     p.add_argument("--model", default=None, help="model directory (Hugging Face layout); default: the bundled SmolLM2-135M-Instruct")
     p.add_argument("--served-model-name", default=None, help="name clients use in the 'model' field; default: the model folder's name")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory; default: the model directory")
+    p.add_argument("--dummy-weights", action="store_true", help="random weights from the model's config.json (for speed runs; the text is noise)")
     p.add_argument("--host", default=d["host"].default, help="address to listen on")
     p.add_argument("--port", type=int, default=d["port"].default, help="port to listen on")
     p.add_argument("--shell", action="store_true", help="chat in the terminal instead of serving HTTP")
@@ -94,6 +103,8 @@ def parse_args(argv: Optional[List[str]] = None) -> ServerArgs:
     return ServerArgs(
         model=ns.model or str(default_model_path()),
         served_model_name=ns.served_model_name,
+        tokenizer=ns.tokenizer,
+        dummy_weights=ns.dummy_weights,
         host=ns.host,
         port=ns.port,
         shell=ns.shell,

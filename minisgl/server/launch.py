@@ -74,7 +74,7 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_
         from_api = ZmqPullQueue(addrs.api_to_tokenizer, bind=True)
         from_sched = ZmqPullQueue(addrs.scheduler_to_tokenizer, bind=True)
         worker = TokenizerWorker(
-            AutoTokenizer.from_pretrained(args.model),
+            AutoTokenizer.from_pretrained(args.tokenizer_path),
             max_seq_len,
             ZmqPushQueue(addrs.tokenizer_to_scheduler, bind=False),
             ZmqPushQueue(addrs.tokenizer_to_api, bind=False),
