@@ -125,7 +125,7 @@ def _paged_decode(q, k_pool, v_pool, slots_per_req):
 def engine_batches(obs: Obs) -> None:
     from minisgl.attention import flashinfer_backend as fb
     from minisgl.core import SamplingParams
-    from minisgl.kernel import gather_page_indices
+    from minisgl.kernel import index
 
     cfg = harness.scheduler_config("tiny-llama", page_size=4, num_pages=96, max_running_reqs=4, max_seq_len=64, prefix_cache="radix")
     sched = harness.make_scheduler(cfg)
@@ -140,12 +140,14 @@ def engine_batches(obs: Obs) -> None:
         meta = batch.attn_metadata
         lens = [r.device_len for r in batch.reqs]
         indptr, last = fb.page_layout(lens, ps)
-        rows = torch.tensor([r.table_idx for r in batch.reqs])
-        indices = gather_page_indices(engine.page_table, rows, torch.tensor(indptr, dtype=torch.int32), ps, indptr[-1], max(b - a for a, b in zip(indptr, indptr[1:])))
+        dev = engine.page_table.device
+        rows = torch.tensor([r.table_idx for r in batch.reqs], device=dev)
+        # the reference gather itself (on a GPU the engine would take its Triton kernel instead)
+        indices = index.gather_page_indices_ref(engine.page_table, rows, torch.tensor(indptr, dtype=torch.int32, device=dev), ps, indptr[-1])
         slots = []
         for i in range(batch.size):
             pages = indices[indptr[i] : indptr[i + 1]].long()
-            slots.append((pages[:, None] * ps + torch.arange(ps)).flatten()[: (len(pages) - 1) * ps + last[i]])
+            slots.append((pages[:, None] * ps + torch.arange(ps, device=dev)).flatten()[: (len(pages) - 1) * ps + last[i]])
         tag = f"step {step['n']} ({batch.phase}, kv_lens {lens})"
         obs.eq(f"{tag}: kv_indptr, kv_last_page_len", [indptr, last])
         obs.eq(f"{tag}: your pages, expanded to slots, equal the torch backend's slots",
