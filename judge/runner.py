@@ -7,6 +7,7 @@ learner code, so nothing the learner writes can hang or crash it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
@@ -24,7 +25,9 @@ from .registry import REPO_ROOT
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
 POLL_S = 0.05
-MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
+MAX_TIMEOUTS = 2
+# Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
+USE_ZYGOTE = os.environ.get("MINISGL_JUDGE_FORK", "1") != "0"  # after this many cases run out of time, the rest are not run
 
 
 @dataclass
@@ -62,6 +65,78 @@ def _limit_address_space(limit_bytes: Optional[int]) -> Callable[[], None]:
     return apply
 
 
+class ForkedProc:
+    """A worker forked by the zygote: enough of `subprocess.Popen` for the watch loop."""
+
+    def __init__(self, pid: int, rc_path: Path) -> None:
+        self.pid, self._rc_path, self.returncode = pid, rc_path, None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self._rc_path.exists():
+            self.returncode = int(self._rc_path.read_text())
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(POLL_S)
+        return self.returncode
+
+
+class Zygote:
+    """One fork server per judge process (CPU only), restarted when engine or judge files change."""
+
+    _lock = threading.Lock()
+    _proc: Optional[subprocess.Popen] = None
+    _stamp: float = 0.0
+
+    @staticmethod
+    def _sources_stamp() -> float:
+        files = list((REPO_ROOT / "minisgl").rglob("*.py")) + list((REPO_ROOT / "judge").glob("*.py"))
+        return max((f.stat().st_mtime for f in files), default=0.0)
+
+    @classmethod
+    def _ensure(cls, env) -> subprocess.Popen:
+        stamp = cls._sources_stamp()
+        if cls._proc is not None and (cls._proc.poll() is not None or stamp != cls._stamp):
+            cls.stop()
+        if cls._proc is None:
+            cls._proc = subprocess.Popen(
+                [sys.executable, "-m", "judge.zygote"], cwd=str(REPO_ROOT), env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+            )
+            if cls._proc.stdout.readline().strip() != "ready":
+                cls.stop()
+                raise RuntimeError("the grading fork server did not start")
+            cls._stamp = stamp
+        return cls._proc
+
+    @classmethod
+    def spawn(cls, job: Path, err: Path, rlimit_as: Optional[int], env) -> ForkedProc:
+        pid_path, rc_path = job.with_suffix(".pid"), job.with_suffix(".rc")
+        with cls._lock:
+            proc = cls._ensure(env)
+            proc.stdin.write(json.dumps({"job": str(job), "err": str(err), "pid": str(pid_path), "rc": str(rc_path), "rlimit_as": rlimit_as}) + "\n")
+            proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not pid_path.exists():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the grading fork server did not start a worker")
+            time.sleep(0.01)
+        return ForkedProc(int(pid_path.read_text()), rc_path)
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls._proc is not None:
+            try:
+                os.killpg(cls._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            cls._proc.wait()
+            cls._proc = None
+
+
+atexit.register(Zygote.stop)
+
 _LIVE: set = set()  # worker processes running now, so an interrupt can end them all
 _CANCEL = threading.Event()
 
@@ -77,11 +152,14 @@ def reset_cancel() -> None:
     _CANCEL.clear()
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    except ProcessLookupError:  # not yet the leader of its own group
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait()
 
 
@@ -113,13 +191,16 @@ def run_cases(
             }))
             out_path.touch()
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-            with open(err_path, "wb") as err:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "judge.worker", str(job_path)], cwd=str(REPO_ROOT), env=env,
-                    stdout=err, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                    # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
-                    preexec_fn=_limit_address_space(None if use_cuda else limit + (2 << 30)),
-                )
+            if use_cuda or not USE_ZYGOTE:
+                with open(err_path, "wb") as err:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "judge.worker", str(job_path)], cwd=str(REPO_ROOT), env=env,
+                        stdout=err, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                        # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
+                        preexec_fn=_limit_address_space(None if use_cuda else limit + (2 << 30)),
+                    )
+            else:
+                proc = Zygote.spawn(job_path, err_path, limit + (2 << 30), env)
             _LIVE.add(proc)
             try:
                 stop, killed_for = _watch(proc, out_path, remaining, report, limit, on_done)
@@ -127,7 +208,7 @@ def run_cases(
                 _LIVE.discard(proc)
             if _CANCEL.is_set():
                 return report
-            err_tail = err_path.read_bytes()[-1500:].decode(errors="replace").strip() or "(none)"
+            err_tail = (err_path.read_bytes()[-1500:].decode(errors="replace").strip() if err_path.exists() else "") or "(none)"
             if report.fatal is not None or stop:
                 return report
             current = next((c for c in remaining if c.id not in report.results), None)

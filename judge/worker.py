@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Any, Dict, TextIO
 
 
+def _version_of(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "absent"
+
+
 def fingerprint() -> Dict[str, str]:
     """What the outputs may depend on: the device kind, torch and transformers versions."""
-    from importlib.metadata import version
-
     import torch
 
     if torch.cuda.is_available():
@@ -32,7 +39,7 @@ def fingerprint() -> Dict[str, str]:
     return {
         "device": device,
         "torch": torch.__version__,
-        "transformers": version("transformers"),  # importing it would cost a second per worker
+        "transformers": _version_of("transformers"),  # importing it would cost a second per worker
         "python": platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1],
     }
 

@@ -47,6 +47,15 @@ def test_solution_passes_and_result_renders() -> None:
     assert "<table>" in html and f"{result.total}/{result.total} cases pass" in html
 
 
+def test_fresh_interpreter_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the path a GPU machine takes (no fork server): each worker is a new interpreter
+    from judge import runner
+
+    monkeypatch.setattr(runner, "USE_ZYGOTE", False)
+    result = grade("req-lengths", SOLUTION, seed=6, save=False)
+    assert result.ok, str(result)
+
+
 def test_wrong_answer_reports_first_difference(tmp_path: Path) -> None:
     path = _variant(tmp_path, "no_chunk", "        if self.is_chunk:\n", "        if False:\n")
     result = grade("req-lengths", path, seed=5, save=False)

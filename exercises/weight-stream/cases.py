@@ -8,7 +8,7 @@ import torch
 
 from judge import harness
 from minisgl.distributed.info import TPInfo, set_tp_info
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
 from minisgl.core import SamplingParams
 
 EXERCISE = Exercise(
@@ -42,7 +42,9 @@ def _placements(obs: Obs, model_name: str, rank: int, size: int, names=None) -> 
                 continue
             if (name == "lm_head.weight" and cfg.tie_word_embeddings) or "rotary_emb" in name:
                 continue
+            before = snapshot(tensor)
             target, rows, piece = weight._place(model, params, name, tensor, TPInfo(rank, size))
+            obs.unchanged(f"{name}: the checkpoint tensor you were given", before, tensor)
             where = None if rows is None else [rows.start, rows.stop]
             obs.eq(f"{name}: (parameter, rows, piece shape, piece contents digest)", [target, where, list(piece.shape), _digest(piece)])
     finally:
