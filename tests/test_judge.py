@@ -71,10 +71,15 @@ def test_crash_loop_and_memory_are_contained(tmp_path: Path) -> None:
     crash = _variant(tmp_path, "crash", body, "        if self.prompt_len == 10:\n            import os; os._exit(3)\n" + body)
     loop = _variant(tmp_path, "loop", body, "        while self.prompt_len == 10:\n            pass\n" + body)
     huge = _variant(tmp_path, "huge", body, "        if self.prompt_len == 10:\n            import torch; torch.empty(2**40, dtype=torch.uint8)\n" + body)
-    grow = _variant(tmp_path, "grow", body, "        if self.prompt_len == 10:\n            import torch; self._hog = torch.ones(1536 * 2**20, dtype=torch.uint8)\n" + body)
+    # a CUDA process starts large, so there the limit (and the runaway allocation) is larger
+    import torch
+
+    limit_gb = 6.0 if torch.cuda.is_available() else 1.0
+    hog = int((limit_gb + 0.5) * 1024)
+    grow = _variant(tmp_path, "grow", body, f"        if self.prompt_len == 10:\n            import torch; self._hog = torch.ones({hog} * 2**20, dtype=torch.uint8)\n" + body)
     key = "a 10-token prompt prefilled in chunks of 4"
     for path, expected in ((crash, "error"), (loop, "timeout"), (huge, "oom"), (grow, "oom")):
-        result = grade("req-lengths", path, seed=1, save=False, timeout_scale=0.1, memory_limit_gb=1.0)
+        result = grade("req-lengths", path, seed=1, save=False, timeout_scale=0.1, memory_limit_gb=limit_gb)
         statuses = _statuses(result)
         assert statuses[key] == expected, str(result)
         assert statuses["a 5-token prompt, prefill then 3 decode steps"] == "pass", str(result)
