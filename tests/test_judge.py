@@ -70,7 +70,7 @@ def test_crash_loop_and_memory_are_contained(tmp_path: Path) -> None:
     body = "        return self.device_len - self.cached_len"
     crash = _variant(tmp_path, "crash", body, "        if self.prompt_len == 10:\n            import os; os._exit(3)\n" + body)
     loop = _variant(tmp_path, "loop", body, "        while self.prompt_len == 10:\n            pass\n" + body)
-    huge = _variant(tmp_path, "huge", body, "        if self.prompt_len == 10:\n            import torch; torch.empty(2**40, dtype=torch.uint8)\n" + body)
+    huge = _variant(tmp_path, "huge", body, "        if self.prompt_len == 10:\n            import torch; torch.ones(2**40, dtype=torch.uint8)\n" + body)
     # a CUDA process starts large, so there the limit (and the runaway allocation) is larger
     import torch
 
