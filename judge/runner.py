@@ -268,6 +268,9 @@ def _watch(proc, out_path, remaining, report, limit, on_done):
                     return True, None
         if proc.poll() is not None and not chunk:
             return False, None
+        if current is None and all(c.id in report.results for c in remaining):
+            _kill(proc)  # every case reported: a thread left running by the learner's code must not keep us
+            return False, None
         now = time.monotonic()
         if current is None and report.fingerprint is None and now - started_at > STARTUP_S:
             _kill(proc)

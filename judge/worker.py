@@ -138,4 +138,7 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    code = main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # do not wait for threads the learner's code may have left running

@@ -85,6 +85,12 @@ def test_crash_loop_and_memory_are_contained(tmp_path: Path) -> None:
         assert statuses["a 5-token prompt, prefill then 3 decode steps"] == "pass", str(result)
 
 
+def test_threads_left_running_do_not_hang(tmp_path: Path) -> None:
+    body = "        return self.device_len - self.cached_len"
+    path = _variant(tmp_path, "thread", body, "        import threading, time\n        threading.Thread(target=time.sleep, args=(10**6,)).start()\n" + body)
+    assert grade("req-lengths", path, seed=1, save=False).ok
+
+
 def test_mutated_input_fails(tmp_path: Path) -> None:
     sampler = REPO / "exercises" / "batched-sampler" / "solution.py"
     path = _variant(tmp_path, "in_place", "        greedy = logits.argmax(dim=-1)\n", "        logits.mul_(1.0000001)\n        greedy = logits.argmax(dim=-1)\n", sampler)
