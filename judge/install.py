@@ -107,6 +107,20 @@ def transplant(replaces: Sequence[Replace], learner: Any) -> List[str]:
     return skipped
 
 
+def exercise_files_loaded(module_names, learner_file: str) -> List[str]:
+    """Files under exercises/ (a reference solution, a wrong variant) that loading the learner's
+    file pulled in, other than the learner's file itself."""
+    from .registry import EXERCISES_DIR
+
+    root = str(EXERCISES_DIR.resolve())
+    out = []
+    for name in module_names:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path and str(Path(path).resolve()).startswith(root) and str(Path(path).resolve()) != str(Path(learner_file).resolve()):
+            out.append(str(Path(path).resolve().relative_to(EXERCISES_DIR.resolve().parent)))
+    return sorted(out)
+
+
 # ---- static scan ----------------------------------------------------------------------------------
 def scan(source: str, replaces: Sequence[Replace], exercise_id: str) -> List[Finding]:
     """Places where the learner's source reaches the engine's own version of a replaced symbol."""
@@ -150,6 +164,8 @@ def scan(source: str, replaces: Sequence[Replace], exercise_id: str) -> List[Fin
                 found.append(Finding(node.lineno, f"uses {base.id}.{node.attr}: that is the engine's own version of the piece you are writing"))
             elif node.attr in function_names and _dotted(base) is not None and _dotted(base).split(".")[0] in engine_module_aliases:
                 found.append(Finding(node.lineno, f"uses {_dotted(base)}.{node.attr}: that is the engine's own version of the function you are writing"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ("exercises/" in node.value or node.value.endswith("solution.py")):
+            found.append(Finding(node.lineno, f"names {node.value!r}: grade your own code, not the exercise's files"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
             target, name = node.args[0], node.args[1]
             if isinstance(name, ast.Constant) and name.value in methods | function_names:

@@ -103,7 +103,12 @@ def main(job_path: str) -> int:
                 _emit(out, event="fatal", status="rejected", error="your file reaches the engine's own version of the piece it replaces:\n" + "\n".join(f"  {f}" for f in findings))
                 return 0
             install.hide(ex.replaces)
+            before = set(sys.modules)
             learner = install.load_learner(Path(learner_file))
+            borrowed = install.exercise_files_loaded(set(sys.modules) - before, learner_file)
+            if borrowed:
+                _emit(out, event="fatal", status="rejected", error="your file loads the exercise's own files: " + ", ".join(borrowed))
+                return 0
             skipped = install.transplant(ex.replaces, learner)
     except install.MissingPieceError as exc:
         _emit(out, event="fatal", status="error", error=str(exc))

@@ -108,6 +108,14 @@ def test_reaching_for_the_reference_is_rejected(tmp_path: Path) -> None:
     result = grade("req-lengths", sneaky, seed=1, save=False)
     assert "rejected" in {c.status for c in result.cases}, str(result)
     assert any("engine's own Req.complete_one" in c.message for c in result.cases)
+    borrowed = tmp_path / "borrowed.py"  # the reference solution, loaded under another name
+    borrowed.write_text(
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('ref_copy', '/'.join([{str(REPO)!r}, 'exer' + 'cises', 'req-lengths', 'solu' + 'tion.py']))\n"
+        "mod = importlib.util.module_from_spec(spec)\nsys.modules['ref_copy'] = mod\nspec.loader.exec_module(mod)\nReq = mod.Req\n"
+    )
+    result = grade("req-lengths", borrowed, seed=1, save=False)
+    assert result.cases[0].status == "rejected" and "exercises/req-lengths/solution.py" in result.cases[0].message
 
 
 def test_load_errors_are_reported(tmp_path: Path) -> None:
