@@ -57,6 +57,9 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     stage_root = str(REPO / ".stages")
     sys.path[:] = [p for p in sys.path if not p.startswith(stage_root)]
     sys.path.insert(0, str(stage))
+    # the repo root comes last: `import judge` works, while `minisgl` still resolves to the stage
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
     _CHAPTER = n
     small_llm.cache_clear()
     import torch
