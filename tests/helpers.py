@@ -85,6 +85,17 @@ def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool
 
     model = hf_model(path)
     stops = set(eos_ids(path)) if stop_at_eos else set()
+    if os.environ.get("MINISGL_TEST_ORACLE") == "recompute":
+        # no KV cache at all: one full forward per token (for transformers releases whose cache
+        # API differs from the one below)
+        seq, out = list(ids), []
+        for _ in range(max_tokens):
+            token = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(token)
+            seq.append(token)
+            if token in stops:
+                break
+        return out
     cache = DynamicCache(config=model.config)
     # transformers renamed `past_key_values` to `cache` during 5.x; use whichever this one takes
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
