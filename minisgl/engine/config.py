@@ -51,6 +51,8 @@ class EngineConfig:
             if torch.cuda.is_available():
                 return torch.device("cuda", self.tp_rank)
             return torch.device("cpu")
+        if self.device == "cuda":  # a bare "cuda" means this rank's own GPU
+            return torch.device("cuda", self.tp_rank)
         return torch.device(self.device)
 
     @property
