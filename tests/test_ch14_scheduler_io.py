@@ -92,6 +92,7 @@ def test_abort_frees_a_running_request_and_a_waiting_one(served):
     assert got[200][-1] == DetokenizeMsg(200, None, "abort") and len(got[200]) < 1000
     assert got[201] == [DetokenizeMsg(201, None, "abort")]  # aborted before it was admitted
     st = status(to_sched, from_sched, 998)
+    assert st.aborted_requests == 2
     assert st.idle and st.free_rows == st.total_rows and st.free_pages + st.cached_pages == st.total_pages and st.integrity_ok
 
 

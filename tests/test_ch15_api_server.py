@@ -166,16 +166,14 @@ def test_64_concurrent_streams_match_offline(tiny_server, tiny_llm):
 def test_clients_disconnecting_mid_stream_are_aborted(tiny_server, tiny_llm):
     jobs = _workload(64, seed=2)
     leavers = set(random.Random(3).sample(range(64), 16))
-    t0 = time.monotonic()
+    aborted_before = tiny_server.health()["aborted_requests"]
     got = asyncio.run(_run_clients(tiny_server.url, jobs, leavers))
     ref = _offline(tiny_llm, jobs)
     for i in range(64):
         assert got[i] == (None if i in leavers else ref[i]), i
-    # a leaver asked for 1500 tokens; if it were not aborted it would still be running now
-    h = tiny_server.wait_idle(timeout_s=20)
-    assert time.monotonic() - t0 < 120
+    # each leaver asked for 1500 tokens with EOS ignored: only an abort ends it early
     assert_all_free(tiny_server)
-    assert h["live_requests"] == 0
+    assert tiny_server.health()["aborted_requests"] - aborted_before == 16
 
 
 # ---- bad input -----------------------------------------------------------------------------------

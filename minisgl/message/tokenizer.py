@@ -59,3 +59,4 @@ class StatusMsg:
     total_pages: int
     integrity_ok: bool
     max_seq_len: int
+    aborted_requests: int = 0  # since start: requests ended by an AbortMsg (running or waiting)

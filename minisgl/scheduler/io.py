@@ -34,12 +34,15 @@ class SchedulerIO(Scheduler):
         self.send_queue = ZmqPushQueue(send_addr, bind=False)
         self.outbox: List[Any] = []
         self.running = True
+        self.aborted = 0  # requests ended by an AbortMsg, for the status report
 
     # ---- results out: collected during a step, sent after it ---------------------------------
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
+        self.aborted += finish_reason == "abort"
         self.outbox.append(DetokenizeMsg(req.uid, token, finish_reason))
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:
+        self.aborted += reason == "abort"
         self.outbox.append(DetokenizeMsg(uid, None, reason))
 
     def flush(self) -> None:
@@ -90,6 +93,7 @@ class SchedulerIO(Scheduler):
             total_pages=self.cache.num_pages,
             integrity_ok=ok,
             max_seq_len=self.max_seq_len,
+            aborted_requests=self.aborted,
         )
 
     # ---- the loop ----------------------------------------------------------------------------
