@@ -133,8 +133,8 @@ def test_decoder_layer_matches_transformers_layer(path):
     set_global_ctx(engine.ctx)
     engine.attn_backend.prepare_metadata(batch)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
-        out, residual = engine.model.model.layers[1](x, None)
-    torch.testing.assert_close(out + residual, ref[0], rtol=1e-5, atol=1e-5)
+        out, residual = engine.model.model.layers[1](x.to(engine.device), None)
+    torch.testing.assert_close((out + residual).cpu(), ref[0], rtol=1e-5, atol=1e-5)
 
 
 # ---- errors ----------------------------------------------------------------------------------
