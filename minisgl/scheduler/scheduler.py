@@ -94,7 +94,7 @@ class Scheduler:
         if n + params.max_tokens > self.max_seq_len:
             raise InvalidRequestError(
                 f"prompt has {n} tokens and max_tokens is {params.max_tokens}, but the context is "
-                f"{self.max_seq_len} tokens: shorten the prompt or lower max_tokens to at most {max(self.max_seq_len - n, 0)}"
+                f"{self.max_seq_len} tokens: " + (f"shorten the prompt or lower max_tokens to at most {self.max_seq_len - n}" if n < self.max_seq_len else f"shorten the prompt to at most {self.max_seq_len - 1} tokens")
             )
         if div_ceil(n + params.max_tokens - 1, self.cache.page_size) > self.cache.num_pages:
             raise InvalidRequestError(
