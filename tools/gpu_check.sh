@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "== $*"; "$@" || status=1; }
 step $PY -m pytest -q -p no:cacheprovider -m gpu tests
-step env MINISGL_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/test_ch0[1-9]_*.py tests/test_ch1[01]_*.py
+step env MINISGL_TEST_DEVICE=cuda MINISGL_TEST_ORACLE=recompute $PY -m pytest -q -p no:cacheprovider tests/test_ch0[1-9]_*.py tests/test_ch1[01]_*.py
 step env MINISGL_TEST_DEVICE=cuda MINISGL_TEST_DTYPE=bfloat16 $PY -m pytest -q -p no:cacheprovider tests/test_ch06_engine.py -k logits
 step $PY judge.py check
 step $PY -m minisgl.benchmark.offline --hf-baseline 32
