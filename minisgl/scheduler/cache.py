@@ -92,11 +92,14 @@ class CacheManager:
         packed = packed.to(dev, non_blocking=True)
         self.page_table[packed[0], packed[1]] = packed[2].to(torch.int32)
 
+    def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """Page ids (CPU) of a run of whole pages' slots."""
+        return slots.cpu().long()[:: self.page_size] // self.page_size
+
     def _release_slots(self, slots: torch.Tensor) -> None:
         if len(slots) == 0:
             return
-        pages = slots.cpu().long()[:: self.page_size] // self.page_size
-        self._free_pages = torch.cat([self._free_pages, pages])
+        self._free_pages = torch.cat([self._free_pages, self._pages_of(slots)])
 
     def release(self, req: Req) -> None:
         """Give back everything `req` holds: offer its computed prefix to the cache, free the rest,
@@ -119,10 +122,10 @@ class CacheManager:
         """Every page is in exactly one place: the free list, the prefix cache, or a live request."""
         ps = self.page_size
         self.prefix_cache.check_integrity()
-        owned = [self._free_pages, self.prefix_cache.all_indices().cpu().long()[::ps] // ps]
+        owned = [self._free_pages, self._pages_of(self.prefix_cache.all_indices())]
         for req in live:
             start, end = req.cache_handle.cached_len, self.owned_pages(req, ps) * ps
-            owned.append(self.page_table[req.table_idx, start:end].cpu().long()[::ps] // ps)
+            owned.append(self._pages_of(self.page_table[req.table_idx, start:end]))
         pages = torch.cat(owned)
         assert len(pages) == self.num_pages and len(torch.unique(pages)) == self.num_pages, (
             f"KV pages leaked or shared: {len(torch.unique(pages))} distinct of {len(pages)} listed, pool has {self.num_pages}"
