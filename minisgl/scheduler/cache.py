@@ -19,15 +19,12 @@ class CacheManager:
         self.page_size = page_size
         self.prefix_cache = prefix_cache
         self.page_table = page_table
-        self._free_pages = torch.arange(num_pages, dtype=torch.int64)  # CPU, handed out from the front
-        # pages given back, as page ids still on the page table's device: reading them on the host
-        # would wait for the step in flight, so they join the free list only when it runs short
-        self._returned: List[torch.Tensor] = []
+        self._free_pages = torch.arange(num_pages, dtype=torch.int64)  # CPU
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
     def free_pages(self) -> int:
-        return len(self._free_pages) + sum(len(t) for t in self._returned)
+        return len(self._free_pages)
 
     @property
     def available_pages(self) -> int:
@@ -58,9 +55,6 @@ class CacheManager:
             self._release_slots(freed)
         if n > self.free_pages:
             raise MemoryError(f"out of KV pages: need {n}, have {self.free_pages} (admission control should prevent this)")
-        if n > len(self._free_pages):  # the one place the host waits for returned pages
-            self._free_pages = torch.cat([self._free_pages, torch.cat(self._returned).cpu()])
-            self._returned = []
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
         return pages
 
@@ -105,9 +99,7 @@ class CacheManager:
     def _release_slots(self, slots: torch.Tensor) -> None:
         if len(slots) == 0:
             return
-        self._returned.append(slots[:: self.page_size].long() // self.page_size)  # no host copy
-        if len(self._returned) > 64:  # keep the queue short; still no host copy
-            self._returned = [torch.cat(self._returned)]
+        self._free_pages = torch.cat([self._free_pages, self._pages_of(slots)])
 
     def release(self, req: Req) -> None:
         """Give back everything `req` holds: offer its computed prefix to the cache, free the rest,
@@ -130,7 +122,7 @@ class CacheManager:
         """Every page is in exactly one place: the free list, the prefix cache, or a live request."""
         ps = self.page_size
         self.prefix_cache.check_integrity()
-        owned = [self._free_pages, *(t.cpu() for t in self._returned), self._pages_of(self.prefix_cache.all_indices())]
+        owned = [self._free_pages, self._pages_of(self.prefix_cache.all_indices())]
         for req in live:
             start, end = req.cache_handle.cached_len, self.owned_pages(req, ps) * ps
             owned.append(self._pages_of(self.page_table[req.table_idx, start:end]))
