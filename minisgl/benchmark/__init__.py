@@ -1,2 +1,3 @@
-"""Benchmarks: offline throughput (`offline`), time per output token (`decode`), and the
-Hugging Face `generate` baseline (`hf_baseline`). Each runs as `python -m minisgl.benchmark.<name>`."""
+"""Benchmarks: offline throughput (`offline`), time per output token (`decode`), the Hugging Face
+`generate` baseline (`hf_baseline`), the serving load generator (`online`) and one MoE layer,
+fused kernel against the PyTorch path (`moe`). Each runs as `python -m minisgl.benchmark.<name>`."""

@@ -120,6 +120,7 @@ def build_llm(model: str, *, dummy_weights: bool, page_size: int = 1, max_runnin
 
 def release(llm: LLM) -> None:
     """Free an engine's GPU memory (KV pool, graphs) so another model can use it."""
+    llm.shutdown()  # stops the other tensor-parallel ranks, if any
     set_global_ctx(None)
     del llm
     gc.collect()
@@ -165,6 +166,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--attention-backend", default="auto", help="auto | flashinfer | torch")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one per GPU (the bandwidth floor is then per GPU)")
     ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
     ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
     return ap.parse_args(argv)
@@ -189,6 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
         use_cuda_graph=not args.no_cuda_graph,
         attention_backend=args.attention_backend,
         device=args.device,
+        tp_size=args.tp_size,
     )
     eng = llm.engine
     on_gpu = eng.device.type == "cuda"
