@@ -208,7 +208,7 @@ def test_moe_benchmark_checks_then_times_and_counts_the_experts_read():
     per_expert = (2 * 32 * 64 + 64 * 32) * 4  # w13 and w2 of one expert, float32
     assert results[0].weight_bytes == 2 * per_expert, "one token with top 2 reads exactly two experts"
     assert per_expert * 2 <= results[1].weight_bytes <= per_expert * 8
-    assert all(r.seconds > 0 and r.rel_error == 0.0 for r in results)
+    assert all(r.seconds > 0 and r.rel_error == 0.0 and r.graph_seconds is None for r in results)
 
 
 @pytest.mark.gpu
@@ -218,3 +218,4 @@ def test_moe_benchmark_runs_both_backends_on_cuda():
     results = bench.main(["--tokens", "1,300", "--hidden", "256", "--inter", "96", "--experts", "16", "--top-k", "4"])
     assert [(r.backend, r.tokens) for r in results] == [("torch", 1), ("triton", 1), ("torch", 300), ("triton", 300)]
     assert all(r.rel_error < 3e-2 and r.seconds > 0 for r in results)
+    assert all((r.graph_seconds is not None) == (r.backend == "triton") for r in results), "Triton is also timed as a graph"

@@ -2,9 +2,11 @@
 
 The default shape is one layer of Qwen3-30B-A3B (hidden 2048, expert width 768, 128 experts, 8 of
 them per token), random weights and router logits. For each token count, every backend's output
-is first checked against the float32 PyTorch result, then timed (median of several rounds). The
-bandwidth column divides the expert weights the call has to read (each distinct expert the tokens
-picked, once) by the time: decode-sized calls are bound by it.
+is first checked against the float32 PyTorch result, then timed (median of several rounds).
+Timed eagerly, a small call mostly measures Python launching kernels; the Triton path is also
+timed as a replayed CUDA graph, which is how decode runs it inside the engine. The bandwidth
+column divides the expert weights the call has to read (each distinct expert the tokens picked,
+once) by the best time: decode-sized calls are bound by it.
 
     python -m minisgl.benchmark.moe            # on a GPU: torch and triton, bfloat16
     python -m minisgl.benchmark.moe --quick    # small shapes, the torch path (runs on the CPU)
@@ -27,13 +29,14 @@ from minisgl.moe import moe_forward_torch, select_experts
 class MoEResult:
     backend: str
     tokens: int
-    seconds: float  # one call, median
+    seconds: float  # one eager call, median
+    graph_seconds: Optional[float]  # one replay of the call captured as a CUDA graph (GPU, Triton)
     weight_bytes: int  # distinct experts' weights the call reads
     rel_error: float  # max |out - float32 reference| / max |reference|
 
     @property
     def gb_per_s(self) -> float:
-        return self.weight_bytes / self.seconds / 1e9
+        return self.weight_bytes / min(self.seconds, self.graph_seconds or self.seconds) / 1e9
 
 
 def _time(fn: Callable[[], torch.Tensor], device: torch.device, rounds: int, calls: int) -> float:
@@ -51,6 +54,19 @@ def _time(fn: Callable[[], torch.Tensor], device: torch.device, rounds: int, cal
         sync()
         samples.append((time.perf_counter() - t) / calls)
     return statistics.median(samples)
+
+
+def _as_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    """Capture `fn` (its inputs are fixed tensors) once; the returned function replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as capture requires
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def run(
@@ -80,12 +96,17 @@ def run(
             tol = 1e-4 if dtype == torch.float32 else 3e-2
             if err > tol:
                 raise AssertionError(f"{name} at {n} tokens is off the float32 reference by {err:.2e} (tolerance {tol})")
-            secs = _time(lambda: fn(x, w13, w2, weights, ids), device, rounds, calls)
-            results.append(MoEResult(name, n, secs, read, err))
-        line = "  ".join(f"{r.backend} {r.seconds * 1e6:9.1f} us {r.gb_per_s:7.1f} GB/s" for r in results[-len(backends) :])
+            call = lambda: fn(x, w13, w2, weights, ids)  # noqa: E731
+            secs = _time(call, device, rounds, calls)
+            graph_secs = _time(_as_graph(call), device, rounds, calls) if name == "triton" else None  # torch syncs
+            results.append(MoEResult(name, n, secs, graph_secs, read, err))
+        line = "  ".join(
+            f"{r.backend} {r.seconds * 1e6:8.1f} us" + (f" (graph {r.graph_seconds * 1e6:6.1f} us)" if r.graph_seconds else "") + f" {r.gb_per_s:7.1f} GB/s"
+            for r in results[-len(backends) :]
+        )  # fmt: skip
         speedup = ""
         if len(backends) > 1:
-            speedup = f"  triton {results[-2].seconds / results[-1].seconds:5.1f}x torch"
+            speedup = f"  triton eager {results[-2].seconds / results[-1].seconds:5.1f}x torch"
         print(f"tokens {n:5d}  {line}{speedup}", flush=True)
     return results
 
