@@ -14,4 +14,6 @@ step env MINISGL_TEST_DEVICE=cuda MINISGL_TEST_DTYPE=bfloat16 $PY -m pytest -q -
 step $PY judge.py check
 step $PY -m minisgl.benchmark.offline --hf-baseline 32
 step $PY -m minisgl.benchmark.decode
+if [ "$($PY -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then step $PY -m minisgl.benchmark.offline --tp-size 2; fi
+step $PY -m minisgl.benchmark.moe
 exit $status
