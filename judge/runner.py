@@ -276,9 +276,7 @@ def _watch(proc, out_path, remaining, report, limit, on_done):
             _kill(proc)
             report.fatal = {"status": "timeout", "error": f"loading your file took more than {STARTUP_S:.0f} s (does it run something at import time?)"}
             return False, None
-        if current is not None and now - started_at > timeouts[current]:
-            _kill(proc)
-            return False, {"status": "timeout", "error": f"no result after {timeouts[current]:.0f} s: an endless loop, or far too slow", "obs": [], "seconds": now - started_at}
+        # memory first: a case that is both over memory and slow is slow because of the memory
         if _rss_bytes(proc.pid) > limit:
             _kill(proc)
             result = {"status": "oom", "error": f"used more than {limit / 2**30:.1f} GiB of memory", "obs": [], "seconds": now - started_at}
@@ -286,4 +284,7 @@ def _watch(proc, out_path, remaining, report, limit, on_done):
                 report.fatal = dict(result)
                 return False, None
             return False, result
+        if current is not None and now - started_at > timeouts[current]:
+            _kill(proc)
+            return False, {"status": "timeout", "error": f"no result after {timeouts[current]:.0f} s: an endless loop, or far too slow", "obs": [], "seconds": now - started_at}
         time.sleep(POLL_S)
