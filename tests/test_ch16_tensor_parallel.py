@@ -237,6 +237,68 @@ def test_worker_error_mid_step_surfaces_its_traceback():
     check_tp_split(ModelConfig.from_dir(TINY_QWEN3), 2)  # the model itself was fine
 
 
+# ---- serving at TP=2 ------------------------------------------------------------------------------
+
+
+def _complete(url: str, prompt: List[int], max_tokens: int, stream: bool) -> List[str]:
+    """The text pieces of one greedy completion (one piece when not streaming)."""
+    import json
+
+    import httpx
+
+    body = {"model": "tiny-qwen3", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if not stream:
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return [r.json()["choices"][0]["text"]]
+    pieces = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                pieces.append(json.loads(line[6:])["choices"][0]["text"])
+    return pieces
+
+
+def test_server_at_tp2_answers_like_the_offline_engine_and_leaves_nothing_running():
+    """`python -m minisgl --tp-size 2`: the scheduler process leads a second rank; 12 concurrent
+    clients (half streaming) get what the offline single-rank engine generates, every page comes
+    back, and stopping the server stops both ranks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_utils import ServerProcess, child_pids, pid_alive
+
+    prompts = [PROMPTS[i % 3][: 3 + i] for i in range(12)]
+    lengths = [2 + i % 5 for i in range(12)]
+    llm = build_llm(TINY_QWEN3)
+    want = [o.text for o in llm.generate(prompts, [SamplingParams(max_tokens=m, ignore_eos=True) for m in lengths])]
+    server = ServerProcess("models/tiny-qwen3", "--tp-size", "2")
+    try:
+        ranks = [k for c in server.children for k in child_pids(c)]  # the scheduler's own children
+        assert "tensor parallel over 2 ranks" in server.output()
+        with ThreadPoolExecutor(12) as pool:
+            got = list(pool.map(lambda i: "".join(_complete(server.url, prompts[i], lengths[i], i % 2 == 1)), range(12)))
+        assert got == want
+        h = server.wait_idle()
+        assert h["integrity_ok"] and h["free_rows"] == h["total_rows"] and h["free_pages"] + h["cached_pages"] == h["total_pages"], h
+    finally:
+        server.stop(signal.SIGTERM)
+    assert server.proc.returncode == 0
+    time.sleep(1.0)
+    assert ranks and not [p for p in ranks + server.children if pid_alive(p)], "a rank or helper outlived the server"
+
+
+def test_server_refuses_a_tp_size_the_model_cannot_split():
+    import subprocess
+    import sys
+
+    from server_utils import REPO_ROOT
+
+    run = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(SMOLLM2), "--tp-size", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "9 attention heads" in run.stderr, run.stderr
+
+
 # ---- teacher-forced logits on every position; the GPU runs over NCCL ------------------------------
 
 

@@ -46,7 +46,8 @@ class TensorParallelMixin:
     """Put in front of `Scheduler` in a class's bases. With `tp_size == 1` it does nothing; on
     rank 0 of a larger group it starts the other ranks and mirrors requests to them."""
 
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, *args: Any, **kwargs: Any):
+        # *args / **kwargs: whatever the scheduler class behind the mixin takes (queue addresses)
         self._workers: Optional[RankProcesses] = None
         self._commands: List[Command] = []
         self._checksum = 0
@@ -54,7 +55,7 @@ class TensorParallelMixin:
         if config.engine.tp_rank == 0:
             config = rank_config(config, 0)  # "cuda" -> "cuda:0": each rank names its GPU
         if self._tp_size == 1 or config.engine.tp_rank != 0:
-            super().__init__(config)  # a single rank, or a follower built by `follower_main`
+            super().__init__(config, *args, **kwargs)  # a single rank, or a follower built by `follower_main`
             return
         check_tp_split(ModelConfig.from_dir(config.engine.model_path), self._tp_size)
         if dist.is_initialized():  # checked before spawning: failing later would tear down the live group
@@ -68,7 +69,7 @@ class TensorParallelMixin:
         try:
             wait_for_ranks(store, range(1, self._tp_size), workers.raise_if_dead)
             init_tp_group(0, self._tp_size, store, config.engine.torch_device)
-            super().__init__(config)  # the engine agrees on the KV pool size with the others
+            super().__init__(config, *args, **kwargs)  # the engine agrees on the KV pool size with the others
             workers.recv_all("ready", READY_TIMEOUT_S)
         except BaseException as e:
             detail = workers.errors()

@@ -2,7 +2,8 @@
 
 `SchedulerIO` only adds the edges to `Scheduler`; the loop body is the same `step()` the
 offline `LLM` runs. Tokens produced during one step are sent together, as one message, after
-the step -- a decode step of 64 requests is one send, not 64.
+the step -- a decode step of 64 requests is one send, not 64. Like `LLM`, it can lead
+tensor-parallel ranks (`tp_size > 1`, chapter 16): only this process talks to the tokenizer.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from typing import Any, List, Optional
 
 from minisgl.core import InvalidRequestError, Req
+from minisgl.llm.tp import TensorParallelMixin
 from minisgl.message import (
     AbortMsg,
     BatchMsg,
@@ -27,7 +29,7 @@ from .config import SchedulerConfig
 from .scheduler import Scheduler
 
 
-class SchedulerIO(Scheduler):
+class SchedulerIO(TensorParallelMixin, Scheduler):
     def __init__(self, config: SchedulerConfig, recv_addr: str, send_addr: str):
         super().__init__(config)
         self.recv_queue = ZmqPullQueue(recv_addr, bind=True)
@@ -98,13 +100,16 @@ class SchedulerIO(Scheduler):
 
     # ---- the loop ----------------------------------------------------------------------------
     def run_forever(self, parent_pid: Optional[int] = None) -> None:
-        while self.running:
-            # idle: wait for work (waking each second to notice a dead parent); busy: just peek
-            msgs = self.receive(1.0 if self.is_idle else 0.0)
-            if not msgs and self.is_idle and parent_pid is not None and os.getppid() != parent_pid:
-                return
-            for msg in msgs:
-                self.handle(msg)
-            if not self.is_idle:
-                self.step()
-            self.flush()
+        try:
+            while self.running:
+                # idle: wait for work (waking each second to notice a dead parent); busy: just peek
+                msgs = self.receive(1.0 if self.is_idle else 0.0)
+                if not msgs and self.is_idle and parent_pid is not None and os.getppid() != parent_pid:
+                    return
+                for msg in msgs:
+                    self.handle(msg)
+                if not self.is_idle:
+                    self.step()
+                self.flush()
+        finally:
+            self.shutdown()  # the other tensor-parallel ranks, if any

@@ -23,6 +23,7 @@ class ServerArgs:
     shell: bool = False
     shell_max_tokens: Optional[int] = None  # per shell reply; None: up to the context length
     device: str = "auto"
+    tp_size: int = 1  # tensor-parallel ranks: the scheduler process leads tp_size - 1 more
     dtype: str = "auto"
     page_size: int = 1
     max_running_reqs: int = 256
@@ -41,6 +42,8 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.tp_size < 1:
+            raise ValueError(f"--tp-size must be at least 1, got {self.tp_size}")
 
     @property
     def model_name(self) -> str:
@@ -65,6 +68,7 @@ class ServerArgs:
             use_cuda_graph=self.cuda_graph,
             dummy_weights=self.dummy_weights,
             seed=self.seed,
+            tp_size=self.tp_size,
         )
         return SchedulerConfig(engine=engine, prefix_cache=self.prefix_cache, max_extend_tokens=self.max_extend_tokens, overlap=self.overlap)
 
@@ -82,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shell-max-tokens", type=int, default=None, help="most tokens per reply in the shell; default: up to the context length")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weight and activation dtype; auto: bfloat16 on CUDA, float32 on the CPU")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one process (and GPU) each; the model's heads must split evenly")
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (a power of two)")
     p.add_argument("--max-running-reqs", type=int, default=256, help="most requests decoding at once (rows of the page table)")
     p.add_argument("--max-seq-len", type=int, default=None, help="context length cap; default: the model's")
@@ -99,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> ServerArgs:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return _from_namespace(ns)
+    except ValueError as e:
+        parser.error(str(e))  # usage and the message, exit status 2
+
+
+def _from_namespace(ns: argparse.Namespace) -> ServerArgs:
     return ServerArgs(
         model=ns.model or str(default_model_path()),
         served_model_name=ns.served_model_name,
@@ -110,6 +123,7 @@ def parse_args(argv: Optional[List[str]] = None) -> ServerArgs:
         shell=ns.shell,
         shell_max_tokens=ns.shell_max_tokens,
         device=ns.device,
+        tp_size=ns.tp_size,
         dtype=ns.dtype,
         page_size=ns.page_size,
         max_running_reqs=ns.max_running_reqs,

@@ -59,7 +59,8 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     except Exception as e:  # reported to the parent, which prints it and exits
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise
-    ready.send(("ok", {"max_seq_len": sched.max_seq_len, "num_pages": sched.cache.num_pages, "device": str(sched.device)}))
+    device = str(sched.device) + (f", tensor parallel over {args.tp_size} ranks" if args.tp_size > 1 else "")
+    ready.send(("ok", {"max_seq_len": sched.max_seq_len, "num_pages": sched.cache.num_pages, "device": device}))
     sched.run_forever(parent_pid)
 
 
@@ -100,7 +101,10 @@ class Backend:
     def _start(self, name: str, target: Any, *args: Any) -> dict:
         ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA or threads
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=target, args=(*args, child), name=f"minisgl-{name}", daemon=True)
+        # a scheduler leading tensor-parallel ranks starts processes of its own, which a daemonic
+        # process may not; it still dies with us (see _child_setup)
+        daemon = not (name == "scheduler" and self.args.tp_size > 1)
+        proc = ctx.Process(target=target, args=(*args, child), name=f"minisgl-{name}", daemon=daemon)
         proc.start()
         self.procs.append(proc)
         child.close()

@@ -4,4 +4,4 @@ from minisgl.scheduler import Scheduler
 from minisgl.scheduler.io import SchedulerIO
 
 assert issubclass(SchedulerIO, Scheduler)
-print(SchedulerIO.__mro__[1].__name__)
+print([c.__name__ for c in SchedulerIO.__mro__[1:3]])
