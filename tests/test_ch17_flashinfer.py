@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minisgl.attention.flashinfer_backend import page_layout
-from minisgl.attention.registry import resolve_backend_name
+from minisgl.attention.registry import flashinfer_problem, resolve_backend_name
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kernel import gather_page_indices_ref
 from minisgl.kvcache.base import BaseCacheHandle
@@ -46,6 +46,18 @@ def test_page_indices_are_the_first_slot_of_each_page_over_page_size():
 
 def test_auto_picks_torch_on_the_cpu():
     assert resolve_backend_name("auto", torch.device("cpu")) == "torch"
+
+
+def test_auto_picks_flashinfer_only_where_its_kernels_run():
+    """FlashInfer needs half precision and a head_dim its kernels are built for (an H200 run showed
+    head_dim 32 failing in the split-KV merge); anything else falls back to the torch backend."""
+    cuda = torch.device("cuda")  # a device name only: nothing is allocated
+    assert flashinfer_problem(cuda, torch.bfloat16, 128) is None
+    assert "head_dim 64, 128, 256" in flashinfer_problem(cuda, torch.bfloat16, 32)
+    assert "float32" in flashinfer_problem(cuda, torch.float32, 128)
+    assert resolve_backend_name("auto", cuda, torch.float32, 128) == "torch"
+    assert resolve_backend_name("auto", cuda, torch.bfloat16, 32) == "torch"
+    assert resolve_backend_name("flashinfer", cuda, torch.bfloat16, 32) == "flashinfer"  # explicit: checked when built
 
 
 # ---- kernels against the PyTorch backend (GPU) --------------------------------------------------

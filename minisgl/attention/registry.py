@@ -1,4 +1,5 @@
-"""Pick an attention backend by name ("auto": FlashInfer on CUDA when installed, else torch)."""
+"""Pick an attention backend by name ("auto": FlashInfer on CUDA when installed and able to run
+the model's KV layout, else torch)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,39 @@ from .base import BaseAttnBackend
 from .torch_backend import TorchAttnBackend
 
 
-def resolve_backend_name(name: str, device: torch.device) -> str:
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # what its kernels are built for (merging split KV included)
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def flashinfer_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why FlashInfer cannot run this KV cache, or None if it can."""
+    if device.type != "cuda":
+        return "it needs the model on a CUDA device"
+    if dtype not in FLASHINFER_DTYPES:
+        return f"it runs in float16 or bfloat16, not {dtype}"
+    if head_dim not in FLASHINFER_HEAD_DIMS:
+        return f"it supports head_dim {', '.join(map(str, FLASHINFER_HEAD_DIMS))}, and this model's is {head_dim}"
+    return None
+
+
+def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> str:
     if name != "auto":
         return name
-    if device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None:
+    if flashinfer_problem(device, dtype, head_dim) is None and importlib.util.find_spec("flashinfer") is not None:
         return "flashinfer"
-    return "torch"
+    return "torch"  # the reference path runs everything, only slower
 
 
 def create_attention_backend(name: str, kv_cache: MHAKVCache, page_table: torch.Tensor, **kwargs) -> BaseAttnBackend:
-    name = resolve_backend_name(name, page_table.device)
+    name = resolve_backend_name(name, page_table.device, kv_cache.buffer.dtype, kv_cache.head_dim)
     if name == "torch":
         return TorchAttnBackend(kv_cache, page_table, kwargs.get("pad_slot", 0))
     if name == "flashinfer":
         from .flashinfer_backend import FlashInferAttnBackend
+
+        problem = flashinfer_problem(page_table.device, kv_cache.buffer.dtype, kv_cache.head_dim)
+        if problem is not None:
+            raise ValueError(f"attention_backend='flashinfer' cannot run here: {problem}; use 'auto' or 'torch'")
 
         return FlashInferAttnBackend(kv_cache, page_table, **kwargs)
     raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'torch' or 'flashinfer'")
