@@ -24,6 +24,7 @@ from minisgl.kernel import gather_page_indices, store_kv
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
+from .registry import flashinfer_problem
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -73,10 +74,9 @@ class FlashInferAttnBackend(BaseAttnBackend):
     ):
         import flashinfer
 
-        if page_table.device.type != "cuda":
-            raise ValueError("the FlashInfer backend needs the model on a CUDA device; use attention_backend='torch' on the CPU")
-        if kv_cache.buffer.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"FlashInfer attention runs in float16 or bfloat16, not {kv_cache.buffer.dtype}: pass dtype='bfloat16'")
+        problem = flashinfer_problem(page_table.device, kv_cache.buffer.dtype, kv_cache.head_dim)
+        if problem is not None:  # the same rule "auto" applies before choosing this backend
+            raise ValueError(f"the FlashInfer backend cannot run here: {problem}; use attention_backend='auto' or 'torch'")
         if num_qo_heads is None:
             raise ValueError("FlashInferAttnBackend needs num_qo_heads (the engine passes the model's query heads per rank)")
         self._fi = flashinfer
