@@ -132,7 +132,8 @@ class Backend:
         self.stop()
 
     def dead(self) -> List[str]:
-        return [p.name for p in self.procs if not p.is_alive()]
+        """The processes that have exited, with their exit codes (negative: killed by a signal)."""
+        return [f"{p.name} exited with {p.exitcode}" for p in self.procs if not p.is_alive()]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -148,15 +149,18 @@ class Backend:
 
 
 def serve(args: ServerArgs) -> None:
-    """Run the HTTP server until Ctrl-C or SIGTERM, then stop every process."""
+    """Run the HTTP server until Ctrl-C or SIGTERM (exit status 0, after draining), or until a
+    process of the engine dies (exit status 1)."""
     import uvicorn
 
     from .api import create_app
+    from .drain import DrainingServer
 
     with Backend(args) as backend:
         app = create_app(args, backend)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.drain_timeout_s)
+        app.state.lifecycle.stop_serving = server.stop_now
         print(f"minisgl: serving {args.model_name} on http://{args.host}:{args.port} (device {backend.info['device']})", flush=True)
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
         # handlers it found installed; these turn that into a normal return, so `Backend` stops
@@ -168,6 +172,10 @@ def serve(args: ServerArgs) -> None:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
+    dead = app.state.lifecycle.dead
+    if dead:
+        print(f"minisgl: the engine is gone ({dead}); exiting", flush=True)
+        raise SystemExit(1)
     print("minisgl: stopped", flush=True)
 
 
