@@ -40,6 +40,7 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         self.aborted = 0  # requests ended by an AbortMsg
         self.prompt_tokens = 0  # prompt tokens of admitted requests
         self.prefix_hit_tokens = 0  # of those, the ones found in the prefix cache
+        self._integrity, self._integrity_checked_at = True, -1  # see _integrity_ok
 
     # ---- results out: collected during a step, sent after it ---------------------------------
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
@@ -88,12 +89,21 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         else:
             raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
 
+    def _integrity_ok(self) -> bool:
+        """The full check walks every page (~0.5 s for a CPU pool of 500k pages), so it runs only
+        when idle, and once per idle period: status queries (health probes, metrics scrapes)
+        must not stall the engine. While busy this is the answer of the last idle check."""
+        if self.is_idle and self._integrity_checked_at != self._step:
+            try:
+                self.check_integrity()
+                self._integrity = True
+            except AssertionError:
+                self._integrity = False
+            self._integrity_checked_at = self._step
+        return self._integrity
+
     def status(self, uid: int) -> StatusMsg:
-        try:
-            self.check_integrity()
-            ok = True
-        except AssertionError:
-            ok = False
+        ok = self._integrity_ok()
         ps = self.cache.page_size
         return StatusMsg(
             uid=uid,

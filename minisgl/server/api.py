@@ -82,7 +82,7 @@ async def sse_events(first: UserReply, next_reply: Callable[[], Awaitable[UserRe
     yield sse(make_chunk(None, reply.finish_reason))
     if include_usage:
         yield sse({**make_chunk(None, None), "choices": [], "usage": usage(reply)})
-    yield DONE
+    yield "data: [DONE]\n\n"
 
 
 def usage(reply: UserReply) -> Dict[str, int]:
@@ -170,7 +170,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
         if refusal:
             return error(503, refusal)
         try:
-            st = await frontend.status(timeout_s=1.0)
+            st = await frontend.status(timeout_s=2.0)
         except asyncio.TimeoutError:  # alive (the watchdog says so) and in a long step
             last = {k: v for k, v in vars(frontend.last_status).items() if k != "uid"} if frontend.last_status else {}
             return JSONResponse({**last, "status": "busy", "message": "the scheduler is in a long step; these counts are from before it"})

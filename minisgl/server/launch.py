@@ -50,8 +50,18 @@ def _child_setup() -> None:
         pass
 
 
+def _name_process(title: str) -> None:
+    """Set the name `ps`, `top` and /proc/PID/comm show (at most 15 bytes), so an operator -- or
+    a test -- can tell the scheduler from the tokenizer worker."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except OSError:
+        pass
+
+
 def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: Connection) -> None:
     _child_setup()
+    _name_process("minisgl-sched")
     try:
         from minisgl.scheduler.io import SchedulerIO
 
@@ -66,6 +76,7 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
 
 def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_pid: int, ready: Connection) -> None:
     _child_setup()
+    _name_process("minisgl-token")
     try:
         from transformers import AutoTokenizer
 

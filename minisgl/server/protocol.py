@@ -334,6 +334,15 @@ class CompletionRequest(_Common):
     best_of: Optional[int] = Field(None, ge=1, le=MAX_CHOICES)
     suffix: Optional[str] = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        """One clear message instead of one per member of the union."""
+        ids = lambda x: isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)  # noqa: E731
+        if isinstance(v, str) or ids(v) or (isinstance(v, list) and (all(isinstance(x, str) for x in v) or all(ids(x) for x in v))):
+            return v
+        raise ValueError("must be a text, a list of token ids, a list of texts, or a list of lists of token ids")
+
     @model_validator(mode="after")
     def _supported(self) -> "CompletionRequest":
         if self.best_of is not None and self.best_of != self.n:
