@@ -212,7 +212,7 @@ def test_a_template_that_knows_tool_calls_renders_them():
         "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
         "<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
     )
-    from minisgl.server.protocol import ChatCompletionRequest
+    from minisgl.server.chat import ChatCompletionRequest
 
     messages = ChatCompletionRequest(model=NAME, messages=TOOL_CONVERSATION).template_messages()
     text = TokenizeManager(tok).render_chat(messages)

@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -30,7 +30,8 @@ from .errors import BodyLimit, error, error_body, install_error_handlers
 from .frontend import FrontendManager, Lifecycle, RequestFailed
 from .launch import Backend
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import ChatCompletionRequest, CompletionRequest, _Common
+from .chat import ChatCompletionRequest
+from .protocol import CompletionRequest, _Common
 
 T = TypeVar("T")
 # (text or None, finish_reason or None, start=False) -> a chunk dict, or with start=True a list of them
