@@ -96,3 +96,33 @@ def test_chapter_setup_registers_judge_and_names_the_cell(tmp_path: Path) -> Non
     assert "unknown id raises UsageError" in text and "known exercises" in out.stdout + out.stderr
     record = json.loads((tmp_path / "results.json").read_text())["req-lengths"]
     assert record["latest"]["file"] == "this cell" and record["latest"]["passed"] == passed
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _widget_cells(nb):
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))]
+
+
+def test_saved_widget_views_have_their_state_and_say_when_they_come_alive() -> None:
+    """A saved view renders only if the notebook stores its widgets' state; the text before it
+    tells the reader the controls work once the cells have run."""
+    import nbformat
+
+    seen = 0
+    for path in sorted((REPO / "chapters").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        cells = _widget_cells(nb)
+        if not cells:
+            continue
+        state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+        for i in cells:
+            seen += 1
+            for out in nb.cells[i].outputs:
+                view = out.get("data", {}).get(WIDGET_VIEW)
+                if view:
+                    assert view["model_id"] in state, f"{path.name} cell {i}: its widget state was not saved"
+            before = next(c.source for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
+            assert "come alive when" in before, f"{path.name} cell {i}: say that the controls come alive when the cells run"
+    assert seen >= 3  # chapters 1, 4 and 9 have one each
