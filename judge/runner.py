@@ -87,8 +87,8 @@ class ForkedProc:
 
     def kill(self) -> None:
         """End the worker, its keeper and everything either of them started."""
+        Zygote.forget(self.keeper, self.pid)
         procs.kill_tree({self.keeper: self.keeper_start, self.pid: self.start}, strays=Zygote.strays)
-        Zygote.forget(self.keeper)
         self.poll()
         if self.returncode is None:
             self.returncode, self.lost = -signal.SIGKILL, False
@@ -101,7 +101,7 @@ class Zygote:
     _lock = threading.Lock()
     _procs: Dict[bool, subprocess.Popen] = {}
     _stamps: Dict[bool, float] = {}
-    _keepers: Dict[int, Optional[int]] = {}  # keepers of running workers: pid -> start time
+    _running: Dict[int, Optional[int]] = {}  # keepers and workers of running gradings: pid -> start time
     _dead: Set[int] = set()  # fork servers that died: their orphans are strays
 
     @staticmethod
@@ -148,25 +148,26 @@ class Zygote:
                 time.sleep(0.005)
             keeper, pid, start = (int(x) for x in pid_path.read_text().split("\n")[0].split())
             kp = procs.read(keeper)
-            cls._keepers[keeper] = kp.start if kp else None
-        return ForkedProc(keeper, cls._keepers[keeper], pid, start, pid_path)
+            cls._running[keeper], cls._running[pid] = (kp.start if kp else None), start
+        return ForkedProc(keeper, cls._running[keeper], pid, start, pid_path)
 
     @classmethod
-    def forget(cls, keeper: int) -> None:
+    def forget(cls, *pids: int) -> None:
         with cls._lock:
-            cls._keepers.pop(keeper, None)
+            for pid in pids:
+                cls._running.pop(pid, None)
 
     @classmethod
     def strays(cls, tab: Dict[int, "procs.Proc"]) -> Set[int]:
-        """Processes adopted by the fork server or by the judge that belong to no running worker:
-        left behind by learner code whose keeper (or fork server) it killed."""
+        """Processes adopted by the fork server or by the judge that are no running grading's
+        keeper or worker: left behind by learner code that killed its keeper (or fork server)."""
         with cls._lock:
             servers = {p.pid for p in cls._procs.values()}
             parents = servers | cls._dead | {os.getpid()}
-            keepers = {k for k, start in cls._keepers.items() if k in tab and (start is None or tab[k].start == start)}
+            running = {k for k, start in cls._running.items() if k in tab and (start is None or tab[k].start == start)}
             out = set()
             for p in tab.values():
-                if p.ppid in parents and p.pid not in servers and p.pid not in keepers:
+                if p.ppid in parents and p.pid not in servers and p.pid not in running:
                     if p.ppid != os.getpid() or procs.marked(p.pid):
                         out.add(p.pid)
             return out

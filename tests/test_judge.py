@@ -105,7 +105,8 @@ def test_mutated_input_fails(tmp_path: Path) -> None:
 def test_reaching_for_the_reference_is_rejected(tmp_path: Path) -> None:
     static = _variant(tmp_path, "static", "        return self.device_len - self.cached_len", "        return super().extend_len")
     result = grade("req-lengths", static, seed=1, save=False)
-    assert {c.status for c in result.cases} == {"rejected"} and "super().extend_len" in result.cases[0].message
+    assert result.cases[0].status == "rejected" and "super().extend_len" in result.cases[0].message
+    assert {c.status for c in result.cases[1:]} == {"not run"}
     sneaky = _variant(tmp_path, "sneaky", "class Req(EngineReq):", "_REF = getattr(EngineReq, 'complete' + '_one')\n\n\nclass Req(EngineReq):")
     sneaky.write_text(sneaky.read_text().replace("        if self.is_chunk:\n", "        if self.is_chunk:\n            return _REF(self)\n"))
     result = grade("req-lengths", sneaky, seed=1, save=False)
