@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from . import integrity, reference, registry, speed
+from . import integrity, progress, reference, registry, speed
 from .api import Exercise
 from .compare import first_difference
 from .result import CaseResult, GradeResult, Status
@@ -258,7 +257,7 @@ def grade(
         _put_back(snap, warnings)
         sweep()
     if save:
-        record_result(result)
+        progress.record(result)
     return result
 
 
@@ -267,27 +266,3 @@ def _display(file: Path) -> str:
         return str(file.relative_to(registry.REPO_ROOT))
     except ValueError:
         return str(file)
-
-
-# ---- last results (for `judge.py list`) -------------------------------------------------------
-def _state_path() -> Path:
-    return registry.STATE_DIR / "results.json"
-
-
-def record_result(result: GradeResult) -> None:
-    path = _state_path()
-    try:
-        state = json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        state = {}
-    state[result.exercise] = {"passed": result.passed, "total": result.total, "file": result.file, "when": time.strftime("%Y-%m-%d %H:%M")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=1, sort_keys=True))
-
-
-def last_results() -> Dict[str, Dict[str, Any]]:
-    path = _state_path()
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        return {}
