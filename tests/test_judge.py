@@ -3,6 +3,7 @@ loops, runs out of memory, mutates its inputs or reaches for the reference."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
