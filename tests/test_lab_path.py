@@ -149,10 +149,10 @@ def test_index_tables_read_the_judges_record(tmp_path: Path, monkeypatch: pytest
     text = contents.progress().data
     assert f"**1 of {len(ids)} exercises pass**" in text
     row = next(line for line in text.splitlines() if "[req-lengths]" in line)
-    assert "✅" in row and "4/4 (2026-01-02 10:00)" in row and "1/4 (2026-01-02 10:05)" in row
+    assert "✓" in row and "4/4 (2026-01-02 10:00)" in row and "1/4 (2026-01-02 10:05)" in row
     assert "[work/req-lengths.py](../work/req-lengths.py)" in row
     other = next(line for line in text.splitlines() if "[base-op]" in line)
-    assert "✅" not in other and "python judge.py start base-op" in other
+    assert "✓" not in other and "python judge.py start base-op" in other
 
 
 def test_readme_chapter_table_lists_every_chapter_with_its_exercises() -> None:
