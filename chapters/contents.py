@@ -37,7 +37,7 @@ def _by_chapter() -> Dict[int, List[Exercise]]:
 
 
 def _statement(ex: Exercise) -> str:
-    return f"[`{ex.id}`](../exercises/{ex.id}/README.md)"
+    return f"[{ex.id}](../exercises/{ex.id}/README.md)"  # plain text: the lab colours links, not code
 
 
 def chapter_table():
