@@ -59,8 +59,3 @@ class TokenizeManager:
         if bad:
             raise InvalidRequestError(f"prompt: token id {bad[0]!r} is not in the vocabulary [0, {self.vocab_size})")
         return list(prompt)
-
-    def check_token_ids(self, field: str, ids: List[int]) -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"{field}: token id {bad[0]} is not in the vocabulary [0, {self.vocab_size})")

@@ -3,8 +3,8 @@
     API server --TokenizeMsg--> worker --UserMsg--> scheduler
     API server <--UserReply---- worker <--DetokenizeMsg-- scheduler
 
-Going in, it applies the chat template, checks the prompt against the context length and the
-vocabulary, and fills in the default max_tokens. Coming back, it turns tokens into text (one
+Going in, it applies the chat template, checks the prompt against the context length and fills
+in the default max_tokens. Coming back, it turns tokens into text (one
 `IncrementalDetokenizer` per request), names the tokens of any log-probabilities, puts an echoed
 prompt in front of the first text, and cuts at stop strings -- asking the scheduler to abort the
 request, since the scheduler only knows token ids.
@@ -93,12 +93,8 @@ class TokenizerWorker:
         if n >= ctx:
             raise InvalidRequestError(f"prompt has {n} tokens but the model's context is {ctx} tokens: shorten the prompt to at most {ctx - 1} tokens")
         params = msg.sampling_params
-        self.tokenize.check_token_ids("logit_bias", [t for t, _ in params.logit_bias])
-        self.tokenize.check_token_ids("stop_token_ids", list(params.stop_token_ids))
         if msg.max_tokens_from_context:
             params = dataclasses.replace(params, max_tokens=ctx - n)
-        if params.min_tokens > params.max_tokens:
-            raise InvalidRequestError(f"min_tokens is {params.min_tokens} but at most {params.max_tokens} tokens can follow this prompt")
         echo = ""
         if msg.echo:
             echo = msg.prompt if isinstance(msg.prompt, str) else self.tokenizer.decode(ids, skip_special_tokens=False)
