@@ -1,21 +1,20 @@
-"""Chapter 15: every OpenAI request field is honoured or refused by name, over real HTTP.
+"""Chapter 15: every OpenAI request field is honoured or refused by name, over real HTTP:
+several choices, several prompts, echo, tool conversations, refusals, errors, metrics.
+(The sampler's fields and log-probabilities: test_ch15_sampler_fields.py.)
 
-Oracles: the offline `LLM` with the same `SamplingParams` (the sampler's own tests check those
-against transformers' logits processors), transformers' log-softmax for log-probabilities, and
-the chat template rendered by transformers. One tiny-llama server serves the whole module.
+Oracles: the offline `LLM` with the same `SamplingParams`, and the chat template rendered by
+transformers. One tiny-llama server serves the whole module.
 """
 
 from __future__ import annotations
 
 import json
-import math
 
 import httpx
 import openai
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -54,45 +53,6 @@ def post(server, body, path="/v1/completions"):
 
 def offline(llm, prompt, **params):
     return llm.generate([prompt], SamplingParams(**params))[0]
-
-
-# ---- sampler fields reach the engine -----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "fields",
-    [
-        {"presence_penalty": 1.5},
-        {"frequency_penalty": 2.0},
-        {"repetition_penalty": 1.8},
-        {"logit_bias": {"11": -100}},  # "," (and whatever the model writes) never comes out
-        {"min_p": 0.2, "temperature": 1.0, "seed": 12},
-        {"min_tokens": 12, "stop_token_ids": [13]},
-        {"seed": 2**64 - 1, "temperature": 1.0},
-    ],
-    ids=lambda f: ",".join(f),
-)
-def test_sampler_fields_give_the_offline_engines_tokens(server, llm, fields):
-    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, **fields}
-    r = post(server, body)
-    assert r.status_code == 200, r.text
-    params = {k: v for k, v in body.items() if k not in ("model", "prompt", "logit_bias", "stop_token_ids")}
-    if "logit_bias" in fields:
-        params["logit_bias"] = tuple((int(k), float(v)) for k, v in fields["logit_bias"].items())
-    if "stop_token_ids" in fields:
-        params["stop_token_ids"] = tuple(fields["stop_token_ids"])
-    ref = offline(llm, PROMPT, **params)
-    assert r.json()["choices"][0]["text"] == ref.text
-    if "logit_bias" in fields:
-        assert 11 not in ref.token_ids
-
-
-def test_64_bit_seeds_are_kept_whole(server):
-    texts = []
-    for seed in (5, 5 + 2**31, 5 + 2**63):
-        r = post(server, {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": seed})
-        texts.append(r.json()["choices"][0]["text"])
-    assert len(set(texts)) == 3, texts
 
 
 # ---- several choices, several prompts, echo -------------------------------------------------------
@@ -138,50 +98,6 @@ def test_list_prompts_echo_and_streamed_choices(server, llm):
     assert events[-1]["usage"] == got["usage"]
     finals = [c for e in events for c in e["choices"] if c["finish_reason"]]
     assert sorted(c["index"] for c in finals) == [0, 1, 2, 3]
-
-
-# ---- log-probabilities ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def hf_logprobs():
-    model = AutoModelForCausalLM.from_pretrained(REPO_ROOT / TINY, torch_dtype=torch.float32).eval()
-
-    def logprobs(ids):
-        with torch.no_grad():
-            return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-
-    return logprobs
-
-
-def test_chat_logprobs_match_transformers(server, client, llm, hf_logprobs):
-    messages = [{"role": "user", "content": "Name a color."}]
-    resp = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
-    content = resp.choices[0].logprobs.content
-    prompt = llm.encode(messages[0]["content"], chat=True)
-    out = llm.generate([messages[0]["content"]], SamplingParams(max_tokens=6), chat=True)[0]
-    assert len(content) == len(out.token_ids) == resp.usage.completion_tokens
-    lp = hf_logprobs(prompt + out.token_ids)
-    for i, (entry, token) in enumerate(zip(content, out.token_ids)):
-        row = lp[len(prompt) - 1 + i]
-        assert entry.bytes == list(llm.tokenizer.decode([token]).encode()) or entry.token.startswith("bytes:")
-        assert math.isclose(entry.logprob, row[token].item(), abs_tol=2e-3)
-        top = torch.topk(row, 3)
-        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(top.values.tolist(), abs=2e-3)
-        assert entry.top_logprobs[0].token == entry.token  # greedy: the chosen token is the most likely
-    streamed = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True)
-    pieces = [e for chunk in streamed for c in chunk.choices if c.logprobs for e in c.logprobs.content]
-    assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
-
-
-def test_completion_logprobs_shape(server, llm):
-    got = post(server, {"model": NAME, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "logprobs": 2}).json()["choices"][0]
-    lp = got["logprobs"]
-    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 5
-    assert "".join(lp["tokens"]) == got["text"]
-    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(5)]
-    for token, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
-        assert len(top) == 2 and top[token] == logprob and logprob <= 0
 
 
 # ---- chat: tools, tool conversations, content parts --------------------------------------------

@@ -124,6 +124,10 @@ class TokenizerWorker:
             st.completion_tokens += 1
             st.unsent_ids.append(msg.token)
             if st.logprobs:
+                if msg.logprob is None:  # an engine fault: fail this request, keep the worker
+                    del self.streams[msg.uid]
+                    self.to_scheduler.put(AbortMsg(msg.uid))
+                    return [ErrorReply(msg.uid, 500, "the engine sent a token without the log-probability the request asked for")]
                 st.unsent_logprobs.append(self.texts.entry(msg.token, msg.logprob, msg.top_logprobs))
             text = st.detok.add([msg.token])
         if msg.finish_reason is not None:
