@@ -1,7 +1,8 @@
 """Admission: which waiting requests join the next prefill batch, and how much of each.
 
-First come, first served: the queue is taken in order and stops at the first request that does
-not fit (skipping ahead would starve long prompts). A request is admitted only if a table row
+The queue is offered in the order the scheduling policy gives (arrival order by default; see
+`policy.py`) and admission stops at the first request that does not fit (skipping ahead would
+starve long prompts). The queue itself always stays in arrival order. A request is admitted only if a table row
 is free and the KV pool can hold it to the end (`pages_to_finish`) on top of what running
 requests are already promised, so a running request never runs out of pages. The token budget
 caps one step's prefill; a prompt that does not fit is cut, and its remainder continues first
@@ -19,6 +20,7 @@ import torch
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.utils import div_ceil
 
+from . import policy
 from .cache import CacheManager
 from .table import TableManager
 
@@ -72,11 +74,14 @@ class PrefillAdder:
 
 
 class PrefillManager:
-    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int):
+    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int, schedule_policy: str = "fcfs"):
+        if schedule_policy not in policy.SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {', '.join(policy.SCHEDULE_POLICIES)}; got {schedule_policy!r}")
         self.table = table
         self.cache = cache
         self.max_extend_tokens = max_extend_tokens
-        self.pending: Deque[PendingReq] = deque()
+        self.schedule_policy = schedule_policy
+        self.pending: Deque[PendingReq] = deque()  # arrival order, whatever the policy
         self.chunked: Optional[Req] = None  # the request whose prompt is half done, if any
 
     def add(self, pending: PendingReq) -> None:
@@ -89,18 +94,27 @@ class PrefillManager:
                 return p
         return None
 
+    def admission_order(self) -> List[PendingReq]:
+        """The waiting requests in the order this step offers them to admission."""
+        if self.schedule_policy == "lpm" and len(self.pending) > 1:
+            return policy.longest_prefix_first(self.pending, self.cache)
+        return list(self.pending)
+
     def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
         adder = PrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)
         reqs: List[Req] = []
         if self.chunked is not None:
             reqs.append(adder.continue_chunk(self.chunked))
             self.chunked = None
-        while self.pending:
-            req = adder.try_admit(self.pending[0])
+        admitted = set()
+        for pending in self.admission_order():
+            req = adder.try_admit(pending)
             if req is None:
                 break
-            self.pending.popleft()
+            admitted.add(pending.uid)
             reqs.append(req)
+        if admitted:  # the rest keep their arrival order
+            self.pending = deque(p for p in self.pending if p.uid not in admitted)
         if not reqs:
             return None
         if reqs[-1].is_chunk:
