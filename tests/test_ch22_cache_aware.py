@@ -23,8 +23,7 @@ from minisgl.engine import EngineConfig
 from minisgl.kvcache import create_prefix_cache
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.policy import longest_prefix_first
-from minisgl.scheduler.prefill import PendingReq, PrefillManager
+from minisgl.scheduler.prefill import PendingReq, PrefillManager, longest_prefix_first
 from minisgl.scheduler.table import TableManager
 
 

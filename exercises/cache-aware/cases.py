@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 from judge import harness
 from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
 from minisgl.core import SamplingParams
-from minisgl.scheduler import policy
+from minisgl.scheduler import prefill
 from minisgl.scheduler.prefill import PrefillManager
 
 EXERCISE = Exercise(
@@ -17,7 +17,7 @@ EXERCISE = Exercise(
     title="Cache-aware scheduling: longest prefix match first",
     difficulty=3,
     replaces=(
-        Replace("minisgl.scheduler.policy", "longest_prefix_first"),
+        Replace("minisgl.scheduler.prefill", "longest_prefix_first"),
         Replace("minisgl.scheduler.prefill", "PrefillManager.admission_order"),
         Replace("minisgl.scheduler.prefill", "PrefillManager.schedule_next_batch"),
     ),
@@ -28,7 +28,7 @@ def _order(obs: Obs, cache, queue: List, tag: str = "") -> None:
     """Call the policy directly and record the order, the untouched queue and the cache's locks."""
     before = [snapshot(p.input_ids) for p in queue]
     uids = [p.uid for p in queue]
-    got = policy.longest_prefix_first(queue, cache)
+    got = prefill.longest_prefix_first(queue, cache)
     obs.eq(f"{tag}order of uids", [p.uid for p in got])
     obs.eq(f"{tag}the queue passed in (uids, unchanged)", [p.uid for p in queue] == uids and len(got) == len(queue))
     for p, b in zip(queue, before):

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from minisgl.engine.config import EngineConfig
 from minisgl.env import ENV
 
-from .policy import SCHEDULE_POLICIES
+from .prefill import SCHEDULE_POLICIES
 
 
 def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:

@@ -1,8 +1,13 @@
 """Admission: which waiting requests join the next prefill batch, and how much of each.
 
-The queue is offered in the order the scheduling policy gives (arrival order by default; see
-`policy.py`) and admission stops at the first request that does not fit (skipping ahead would
-starve long prompts). The queue itself always stays in arrival order. A request is admitted only if a table row
+The queue is offered in the order the scheduling policy gives and admission stops at the first
+request that does not fit (skipping ahead would starve long prompts); the queue itself always
+stays in arrival order. `fcfs` offers requests in arrival order. `lpm` (longest prefix match)
+offers first those whose prompt the prefix cache already holds the most of: they cost the least to
+prefill, and while they run they keep their prefix locked, so the requests sharing it find it still
+cached instead of evicted by unrelated prompts. `lpm` can keep a request without a hit waiting
+while hits keep arriving; production engines bound that (SGLang falls back to arrival order when
+the queue is long). A request is admitted only if a table row
 is free and the KV pool can hold it to the end (`pages_to_finish`) on top of what running
 requests are already promised, so a running request never runs out of pages. The token budget
 caps one step's prefill; a prompt that does not fit is cut, and its remainder continues first
@@ -13,16 +18,17 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional
+from typing import Deque, List, Optional, Sequence
 
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.utils import div_ceil
 
-from . import policy
 from .cache import CacheManager
 from .table import TableManager
+
+SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
 @dataclass
@@ -73,10 +79,19 @@ class PrefillAdder:
         return req
 
 
+def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+    """The waiting requests, longest cached prefix first (as `cache.match` measures what admission
+    would reuse); equal prefixes keep their order in `waiting`. Locks nothing and leaves `waiting`
+    as it is; matching may split a radix node, which changes no cached content."""
+    hits = [cache.match(p.input_ids).handle.cached_len for p in waiting]
+    order = sorted(range(len(waiting)), key=lambda i: -hits[i])  # sorted() is stable: ties by arrival
+    return [waiting[i] for i in order]
+
+
 class PrefillManager:
     def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int, schedule_policy: str = "fcfs"):
-        if schedule_policy not in policy.SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {', '.join(policy.SCHEDULE_POLICIES)}; got {schedule_policy!r}")
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
         self.table = table
         self.cache = cache
         self.max_extend_tokens = max_extend_tokens
@@ -97,7 +112,7 @@ class PrefillManager:
     def admission_order(self) -> List[PendingReq]:
         """The waiting requests in the order this step offers them to admission."""
         if self.schedule_policy == "lpm" and len(self.pending) > 1:
-            return policy.longest_prefix_first(self.pending, self.cache)
+            return longest_prefix_first(self.pending, self.cache)
         return list(self.pending)
 
     def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:

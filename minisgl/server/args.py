@@ -10,7 +10,7 @@ from typing import List, Optional
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule_policy
-from minisgl.scheduler.policy import SCHEDULE_POLICIES
+from minisgl.scheduler.prefill import SCHEDULE_POLICIES
 from minisgl.utils import default_model_path
 
 
