@@ -1,17 +1,11 @@
 """Admission: which waiting requests join the next prefill batch, and how much of each.
 
-The queue is offered in the order the scheduling policy gives and admission stops at the first
-request that does not fit (skipping ahead would starve long prompts); the queue itself always
-stays in arrival order. `fcfs` offers requests in arrival order. `lpm` (longest prefix match)
-offers first those whose prompt the prefix cache already holds the most of: they cost the least to
-prefill, and while they run they keep their prefix locked, so the requests sharing it find it still
-cached instead of evicted by unrelated prompts. `lpm` can keep a request without a hit waiting
-while hits keep arriving; production engines bound that (SGLang falls back to arrival order when
-the queue is long). A request is admitted only if a table row
-is free and the KV pool can hold it to the end (`pages_to_finish`) on top of what running
-requests are already promised, so a running request never runs out of pages. The token budget
-caps one step's prefill; a prompt that does not fit is cut, and its remainder continues first
-in the next step (chunked prefill).
+Requests are offered in arrival order (or longest cached prefix first: see SCHEDULE_POLICIES),
+up to the first that does not fit (skipping it would starve long prompts). A request is admitted
+only if a table row is free and the KV pool can hold it to the end (`pages_to_finish`) on top of
+what running requests are already promised, so a running request never runs out of pages. The
+token budget caps one step's prefill; a prompt that does not fit is cut, and its remainder
+continues first in the next step (chunked prefill).
 """
 
 from __future__ import annotations
@@ -27,8 +21,6 @@ from minisgl.utils import div_ceil
 
 from .cache import CacheManager
 from .table import TableManager
-
-SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
 @dataclass
@@ -77,6 +69,15 @@ class PrefillAdder:
         self.token_budget -= req.extend_len
         self.reserved_pages += need
         return req
+
+
+# Scheduling policies: the order in which waiting requests are offered to admission (the queue
+# itself stays in arrival order). "fcfs": arrival order. "lpm" (longest prefix match): first those
+# whose prompt the prefix cache holds the most of; they cost the least to prefill, and while they
+# run their prefix stays locked, so the requests sharing it find it still cached instead of evicted
+# by unrelated prompts. A steady stream of hits can keep a request without one waiting; production
+# engines bound that (SGLang falls back to arrival order when the queue is long).
+SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
 def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
