@@ -80,8 +80,13 @@ class SimResult:
 class _Live:
     req: SimReq
     prompt: int  # tokens prefilled at admission (the prompt, plus earlier output after a retraction)
+    kept: int  # output tokens produced before that admission (inside `prompt`)
     done: int  # output tokens produced so far
     order: int  # admission order: the newest is retracted first
+
+    @property
+    def pages(self) -> int:  # every token but the newest has its KV written
+        return self.prompt + (self.done - self.kept) - 1
 
 
 def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: float = 1.0, max_steps: int = 100_000) -> SimResult:
@@ -91,7 +96,7 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
     few free pages, the newest running requests are retracted: their pages are freed and they
     wait at the head of the queue to be prefilled again, output so far included."""
     assert 0 < ratio <= 1.0
-    waiting: List[tuple] = [(r, r.prompt, 0) for r in reqs]  # (request, tokens to prefill, output kept)
+    waiting: List[tuple] = [(r, 0) for r in reqs]  # (request, output tokens it already has)
     live: Dict[int, _Live] = {}
     free, steps, recomputed, admitted = num_pages, [], 0, 0
 
@@ -101,7 +106,7 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
     def finish_if_done(l: _Live) -> None:
         nonlocal free
         if l.done >= l.req.output:
-            free += l.prompt + l.done - 1  # the last token's KV is never written
+            free += l.pages
             del live[l.req.uid]
 
     for _ in range(max_steps):
@@ -110,16 +115,17 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
         promised = sum(future(l) for l in live.values())
         batch: List[_Live] = []
         while waiting and len(live) < max_running:
-            r, prompt, done = waiting[0]
-            need = prompt + math.ceil(ratio * (r.max_tokens - done - 1))
-            if free < promised + need:
+            r, kept = waiting[0]
+            prompt = r.prompt + kept  # a retracted request recomputes its output so far too
+            later = math.ceil(ratio * (r.max_tokens - kept - 1))  # after the token this prefill samples
+            if free < promised + prompt + later:
                 break
             waiting.pop(0)
-            l = live[r.uid] = _Live(r, prompt, done, admitted)
+            l = live[r.uid] = _Live(r, prompt, kept, kept, admitted)
             admitted += 1
             free -= prompt
-            promised += future(l) - 1
-            recomputed += prompt - r.prompt
+            promised += later
+            recomputed += prompt if kept else 0
             batch.append(l)
         if batch:
             steps.append(SimStep("prefill", [l.req.uid for l in batch]))
@@ -131,8 +137,8 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
         while len(live) > free:  # every running request needs one more page this step
             newest = max(live.values(), key=lambda l: l.order)
             del live[newest.req.uid]
-            free += newest.prompt + newest.done - 1
-            waiting.insert(0, (newest.req, newest.prompt + newest.done - 1, newest.done - 1))
+            free += newest.pages
+            waiting.insert(0, (newest.req, newest.done))
             retracted.append(newest.req.uid)
         if not live:
             raise RuntimeError("a single request needs more pages than the pool has")
@@ -143,6 +149,23 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
             l.done += 1
             finish_if_done(l)
     return SimResult(steps, recomputed, sum(r.output for r in reqs))
+
+
+def measured_tpot_ms(path: str = "minisgl/benchmark/RESULTS.md") -> Dict[int, float]:
+    """Batch size -> time per output token with CUDA graphs, from the committed GPU results
+    (the "Time per output token" table); empty when nothing was measured."""
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parents[1] / path
+    text = file.read_text() if file.is_file() else ""
+    table: Dict[int, float] = {}
+    for section in text.split("\n## ")[1:]:
+        if section.startswith("Time per output token"):
+            for line in section.splitlines():
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if len(cells) >= 2 and cells[0].isdigit() and cells[1].endswith("ms"):
+                    table[int(cells[0])] = float(cells[1].split()[0])
+    return table
 
 
 def engine_steps(trace) -> List[SimStep]:
@@ -210,7 +233,7 @@ def prefill_groups_figure(runs: Dict[str, tuple], groups: int, prefix_len: int):
     return fig
 
 
-def batch_size_figure(results: Dict[str, SimResult], max_running: int):
+def batch_size_figure(results: Dict[str, SimResult]):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 2.8))
@@ -219,7 +242,6 @@ def batch_size_figure(results: Dict[str, SimResult], max_running: int):
         ax.plot(range(len(sizes)), sizes, color=color, label=f"{name}: {len(sizes)} decode steps, {res.retractions} retractions")
         marks = [i for i, s in enumerate(st for st in res.steps if st.phase == "decode") if s.retracted]
         ax.plot(marks, [sizes[i] for i in marks], "x", color=color, markersize=5)
-    ax.axhline(max_running, color="#bab0ac", linestyle=":", linewidth=1)
     ax.set_xlabel("decode step"); ax.set_ylabel("running requests"); ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
