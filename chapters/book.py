@@ -264,7 +264,7 @@ small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------
-# the chapter index
+# the chapter index (the tables themselves are built by chapters/contents.py)
 
 STAGES_OF_THE_BOOK = {0: "Overview", 1: "Stage 1 · computing correctly", 7: "Stage 2 · scheduling well",
                       12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger"}
@@ -292,25 +292,3 @@ ONE_LINERS = {
     20: "mixture-of-experts layers: routing, aligned blocks, fused experts",
     21: "throughput and latency benchmarks, and the memory-bandwidth floor",
 }
-
-
-def chapter_table():
-    """The chapters as a Markdown table, linking the notebooks that exist."""
-    import json
-
-    from IPython.display import Markdown
-
-    here = Path(__file__).resolve().parent
-    found = {int(p.name[:2]): p for p in here.glob("[0-9][0-9]_*.ipynb")}
-    lines = ["| | Chapter | What you build |", "|---|---|---|"]
-    for n in range(max(max(found, default=0), max(ONE_LINERS)) + 1):
-        if n in STAGES_OF_THE_BOOK:
-            lines.append(f"| | **{STAGES_OF_THE_BOOK[n]}** | |")
-        if n in found:
-            first = json.loads(found[n].read_text())["cells"][0]["source"]
-            title = ("".join(first) if isinstance(first, list) else first).splitlines()[0].lstrip("# ")
-            title = title.split("·", 1)[-1].strip()
-            lines.append(f"| {n} | [{title}]({found[n].name}) | {ONE_LINERS.get(n, '')} |")
-        elif n in ONE_LINERS:
-            lines.append(f"| {n} | *(not written yet)* | {ONE_LINERS[n]} |")
-    return Markdown("\n".join(lines))
