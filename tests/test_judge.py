@@ -277,7 +277,7 @@ def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
 def _judge_processes() -> set:
     from judge import procs
 
-    return {p for p in procs.table() if procs.marked(p)}
+    return {p for p in procs.table() if procs.marked(p)}  # started by this judge process
 
 
 def _left_behind(before: set) -> set:
@@ -300,6 +300,11 @@ _BODY = "        return self.device_len - self.cached_len"
     # kills the fork server too (its grandparent)
     ("kills_server", "import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
                      "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
+    # kills every process this judge started but itself: fork server, keepers, the reference's worker
+    ("kills_helpers", "import os, signal\n_tag = ('MINISGL_JUDGE_PROCESS=' + os.environ['MINISGL_JUDGE_PROCESS']).encode()\n"
+                      "for _p in os.listdir('/proc'):\n    try:\n"
+                      "        if _p.isdigit() and int(_p) != os.getpid() and _tag in open(f'/proc/{_p}/environ', 'rb').read().split(b'\\0'):\n"
+                      "            os.kill(int(_p), signal.SIGKILL)\n    except OSError:\n        pass\n", None),
     # fifty children, each in its own session, ignoring SIGTERM, then a crash at import
     ("forks_then_raises", "import os, signal, time\nfor _ in range(50):\n    if os.fork() == 0:\n        os.setsid()\n"
                           "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n        time.sleep(600)\n        os._exit(0)\n"
