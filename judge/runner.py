@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -124,7 +125,8 @@ class Zygote:
                 env=dict(env, **{procs.MARKER: str(os.getpid())}), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, start_new_session=True,
             )
-            if proc.stdout.readline().strip() != "ready":
+            ready, _, _ = select.select([proc.stdout], [], [], STARTUP_S)  # never wait on a server that hangs
+            if not ready or proc.stdout.readline().strip() != "ready":
                 cls._procs[fresh] = proc
                 cls._stop(fresh)
                 raise RuntimeError("the grading fork server did not start")
