@@ -89,6 +89,23 @@ def descendants(roots: Iterable[int], tab: Dict[int, Proc]) -> Set[int]:
     return out
 
 
+def pss_bytes(pid: int) -> int:
+    """The process's proportional share of memory (pages shared after a fork count once in all)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def tree_memory(roots: Iterable[int]) -> int:
+    """Memory used by `roots` and everything below them, in bytes."""
+    return sum(pss_bytes(pid) for pid in descendants(roots, table()))
+
+
 def marked(pid: int, judge: Optional[int] = None) -> bool:
     """Whether the process was started by the judge process `judge` (default: this one): its
     environment carries MARKER set to that judge's pid."""

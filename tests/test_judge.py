@@ -394,3 +394,29 @@ def test_a_passing_hot_path_piece_reports_its_speed() -> None:
     assert result.ok and result.speed, str(result)
     assert result.speed[0].startswith("your try_admit: ") and "x the reference's time" in result.speed[0]
     assert "speed: your try_admit" in str(result)
+
+
+def test_fresh_interpreter_workers_contain_processes_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU path: each worker is a new interpreter; its keeper kill and orphans are handled alike
+    from judge import runner
+
+    monkeypatch.setattr(runner, "USE_ZYGOTE", False)
+    before = _judge_processes()
+    path = tmp_path / "fresh_orphans.py"
+    path.write_text("import os, signal, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n"
+                    "    os._exit(0)\nos.kill(os.getppid(), signal.SIGKILL)\n" + SOLUTION.read_text())
+    result = grade("req-lengths", path, seed=1, save=False)
+    assert result.ok, str(result)
+    assert _left_behind(before) == set()
+
+
+def test_memory_of_forked_children_counts(tmp_path: Path) -> None:
+    # four children that each fill 300 MiB: the worker itself stays small, together they pass 1 GiB
+    hog = ("        if self.prompt_len == 10:\n            import os, time, torch\n            for _ in range(4):\n"
+           "                if os.fork() == 0:\n                    x = torch.ones(300 * 2**20, dtype=torch.uint8)\n"
+           "                    time.sleep(600)\n                    os._exit(0)\n            time.sleep(30)\n")
+    before = _judge_processes()
+    path = _variant(tmp_path, "fork_hogs", _BODY, hog + _BODY)
+    result = grade("req-lengths", path, seed=1, save=False, memory_limit_gb=1.0)
+    assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "oom", str(result)
+    assert _left_behind(before) == set()
