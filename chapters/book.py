@@ -61,6 +61,7 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
     _CHAPTER = n
+    _register_judge_magic()
     small_llm.cache_clear()
     import torch
 
@@ -74,6 +75,19 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
         weights = "" if real_weights() else f"; {default_model_path().name} has random weights: its text is gibberish"
         print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}{weights}")
     return stage
+
+
+def _register_judge_magic() -> None:
+    """`%%judge <id>` in a chapter's exercise cells then works without `import judge`."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        from judge.magic import register
+
+        register(ip)
 
 
 def chapter() -> int:
@@ -263,7 +277,7 @@ small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------
-# the chapter index
+# the chapter index (the tables themselves are built by chapters/contents.py)
 
 STAGES_OF_THE_BOOK = {0: "Overview", 1: "Stage 1 · computing correctly", 7: "Stage 2 · scheduling well",
                       12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger"}
@@ -291,25 +305,3 @@ ONE_LINERS = {
     20: "mixture-of-experts layers: routing, aligned blocks, fused experts",
     21: "throughput and latency benchmarks, and the memory-bandwidth floor",
 }
-
-
-def chapter_table():
-    """The chapters as a Markdown table, linking the notebooks that exist."""
-    import json
-
-    from IPython.display import Markdown
-
-    here = Path(__file__).resolve().parent
-    found = {int(p.name[:2]): p for p in here.glob("[0-9][0-9]_*.ipynb")}
-    lines = ["| | Chapter | What you build |", "|---|---|---|"]
-    for n in range(max(max(found, default=0), max(ONE_LINERS)) + 1):
-        if n in STAGES_OF_THE_BOOK:
-            lines.append(f"| | **{STAGES_OF_THE_BOOK[n]}** | |")
-        if n in found:
-            first = json.loads(found[n].read_text())["cells"][0]["source"]
-            title = ("".join(first) if isinstance(first, list) else first).splitlines()[0].lstrip("# ")
-            title = title.split("·", 1)[-1].strip()
-            lines.append(f"| {n} | [{title}]({found[n].name}) | {ONE_LINERS.get(n, '')} |")
-        elif n in ONE_LINERS:
-            lines.append(f"| {n} | *(not written yet)* | {ONE_LINERS[n]} |")
-    return Markdown("\n".join(lines))

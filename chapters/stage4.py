@@ -399,7 +399,8 @@ def kernels_against_fallbacks(tokens: int = 37) -> str:
     qkv = rand(tokens, (9 + 3 + 3) * 64)
     q, k, v = qkv[:, : 9 * 64].reshape(tokens, 9, 64), qkv[:, 9 * 64 : 12 * 64].reshape(tokens, 3, 64), qkv[:, 12 * 64 :].reshape(tokens, 3, 64)
     pos = torch.randperm(1024, generator=g, device=dev)[:tokens]
-    angles = torch.rand(1024, 64, generator=g, device=dev) * 6.3
+    angles = torch.rand(1024, 32, generator=g, device=dev) * 6.3
+    angles = torch.cat([angles, angles], dim=-1)  # a rotary cache repeats its frequencies in both halves
     cos, sin = angles.cos(), angles.sin()
     slots = torch.randperm(512, generator=g, device=dev)[:tokens].to(torch.int32)
 

@@ -8,11 +8,14 @@
 # of the same shape: copy a prepared models/smollm2-135m-instruct/ without its model.safetensors
 # (config and tokenizer, a few MB) and run
 #     python tools/prepare_models.py --random-weights models/smollm2-135m-instruct
-# Set STEPS to run only some steps, e.g. STEPS="notebooks judge" tools/gpu_check.sh
+# STEPS picks steps (default: all of them): tests notebooks grade judge-check bench, e.g.
+#     PY=python3 STEPS="notebooks grade" NB_JOBS=6 tools/gpu_check.sh
+# NB_JOBS notebooks run at a time (default 1; each takes a few GB of GPU memory); NB_ARGS go to
+# tools/run_notebooks.py as well (e.g. "--save-dir /tmp/executed").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-STEPS=${STEPS:-"tests notebooks judge bench"}
+STEPS=${STEPS:-"tests notebooks grade judge-check bench"}
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "== $*"; "$@" || status=1; }
@@ -24,10 +27,9 @@ if want tests; then
 fi
 if want notebooks; then
   # every chapter top to bottom, a fresh kernel each: one line per chapter (ok, or its first error)
-  step $PY tools/run_notebooks.py --cell-timeout 600
+  step $PY tools/run_notebooks.py --cell-timeout 600 --jobs "${NB_JOBS:-1}" ${NB_ARGS:-}
 fi
-if want judge; then
-  step $PY judge.py check
+if want grade; then
   # a learner's three ways in: the command line, grade() and %%judge in a notebook cell
   step $PY judge.py store-kv-kernel --file exercises/store-kv-kernel/solution.py
   step $PY -c 'from judge import grade; r = grade("flashinfer-meta", "exercises/flashinfer-meta/solution.py"); print(r); raise SystemExit(0 if r.ok else 1)'
@@ -39,6 +41,9 @@ judge.magic.register(shell)
 r = shell.run_cell_magic("judge", "graph-replay", open("exercises/graph-replay/solution.py").read())
 print(r)
 raise SystemExit(0 if r.ok else 1)'
+fi
+if want judge-check; then
+  step $PY judge.py check
 fi
 if want bench; then
   step $PY -m minisgl.benchmark.offline --hf-baseline 32
