@@ -4,6 +4,7 @@ loops, runs out of memory, mutates its inputs or reaches for the reference."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -342,30 +343,34 @@ def test_processes_started_in_cases_do_not_outlive_the_verdict(tmp_path: Path) -
 
 # ---- the graded code cannot change what grades it ------------------------------------------------
 def test_rewriting_the_reference_changes_no_verdict(tmp_path: Path) -> None:
+    # the solution, plus code that empties the recorded reference and appends to the cases: were
+    # either trusted, the solution would fail (it records observations the blanked reference lacks)
     ref = REPO / "judge" / "reference" / "prefill-adder.json"
     cases = REPO / "exercises" / "prefill-adder" / "cases.py"
     original_ref, original_cases = ref.read_bytes(), cases.read_bytes()
-    stub = (REPO / "exercises" / "prefill-adder" / "starter.py").read_text()
     tamper = tmp_path / "tamper.py"
     tamper.write_text(
         "import json, pathlib\n"
         f"_root = pathlib.Path({str(REPO)!r})\n"
         "_ref = _root / 'judge' / 'reference' / 'prefill-adder.json'\n"
         "_data = json.loads(_ref.read_text())\n"
-        "_data['cases'] = {k: [] for k in _data['cases']}\n"
-        "_ref.write_text(json.dumps(_data))\n"
-        "with open(_root / ('exer' + 'cises') / 'prefill-adder' / 'cases.py', 'a') as f:\n    f.write('\\n# appended\\n')\n"
-        + stub.replace('raise NotImplementedError("write PrefillAdder.try_admit")', "return None")
+        "_ref.write_text(json.dumps(dict(_data, cases={k: [] for k in _data['cases']})))\n"
+        "with open(_root / ('exer' + 'cises') / 'prefill-adder' / 'cases.py', 'a') as f:\n    f.write('\\nraise SystemExit\\n')\n"
+        + PREFILL.read_text()
     )
     try:
         result = grade("prefill-adder", tamper, seed=1, save=False)
-        assert result.passed == 0, str(result)
+        assert result.ok, str(result)
         assert any("prefill-adder.json (changed)" in w and "cases.py (changed)" in w for w in result.warnings), str(result)
         assert ref.read_bytes() == original_ref and cases.read_bytes() == original_cases
-        stub_path = tmp_path / "stub.py"
-        stub_path.write_text(stub.replace('raise NotImplementedError("write PrefillAdder.try_admit")', "return None"))
-        again = grade("prefill-adder", stub_path, seed=1, save=False)
-        assert again.passed == 0 and not again.warnings, str(again)
+        again = grade("prefill-adder", PREFILL, seed=1, save=False)
+        assert again.ok and not any("graded code changed" in w for w in again.warnings), str(again)
+        # changed while no grading ran (say, by a grading the judge could not finish): found by the
+        # hash git keeps of the committed version, which is used instead
+        data = json.loads(original_ref)
+        ref.write_text(json.dumps(dict(data, cases={k: [] for k in data["cases"]})))
+        later = grade("prefill-adder", PREFILL, seed=1, save=False)
+        assert later.ok and any("prefill-adder.json differs from its committed version" in w for w in later.warnings), str(later)
     finally:
         ref.write_bytes(original_ref)
         cases.write_bytes(original_cases)
@@ -381,6 +386,6 @@ def test_failure_names_the_field(tmp_path: Path) -> None:
 
 def test_a_passing_hot_path_piece_reports_its_speed() -> None:
     result = grade("prefill-adder", PREFILL, seed=1, save=False)
-    assert result.ok and len(result.speed) == 1, str(result)
+    assert result.ok and result.speed, str(result)
     assert result.speed[0].startswith("your try_admit: ") and "x the reference's time" in result.speed[0]
     assert "speed: your try_admit" in str(result)
