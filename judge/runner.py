@@ -135,12 +135,12 @@ class Zygote:
         return proc
 
     @classmethod
-    def spawn(cls, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
+    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
         pid_path = job.with_suffix(".pid")
         with cls._lock:  # a keeper is registered before any sweep can take it for a stray
             proc = cls._ensure(env, fresh)
             try:
-                proc.stdin.write(json.dumps({"job": str(job), "err": str(err), "pid": str(pid_path), "rlimit_as": rlimit_as}) + "\n")
+                proc.stdin.write(json.dumps({"exercise": exercise_id, "job": str(job), "err": str(err), "pid": str(pid_path), "rlimit_as": rlimit_as}) + "\n")
                 proc.stdin.flush()
             except (BrokenPipeError, OSError) as exc:
                 raise RuntimeError("the grading fork server is gone") from exc
@@ -250,7 +250,7 @@ def run_cases(
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
             try:
-                proc = Zygote.spawn(job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
+                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
             except RuntimeError as exc:
                 events.close()
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}
