@@ -264,6 +264,15 @@ def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
     assert result.ok, str(result)
 
 
+def test_module_level_helpers_go_with_the_function(tmp_path: Path) -> None:
+    moe = REPO / "exercises" / "moe-align" / "solution.py"
+    path = _variant(tmp_path, "module_helper", "    padded = (counts + block_size - 1) // block_size * block_size\n",
+                    "    padded = _round_up(counts, block_size)\n", moe)
+    path.write_text(path.read_text() + "\n\ndef _round_up(x, m):\n    return (x + m - 1) // m * m\n")
+    result = grade("moe-align", path, seed=1, save=False)
+    assert result.ok, str(result)
+
+
 def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
     # super() reaches the engine's schedule_next_batch (not a replaced symbol), and a helper of ours
     path = _variant(tmp_path, "supers", "        batch = self.schedule_next_batch()\n",
