@@ -429,3 +429,15 @@ def test_memory_of_forked_children_counts(tmp_path: Path) -> None:
     result = grade("req-lengths", path, seed=1, save=False, memory_limit_gb=1.0)
     assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "oom", str(result)
     assert _left_behind(before) == set()
+
+
+def test_a_stopped_fork_server_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the graded code stops (SIGSTOP) the fork server; the next grading gets a new one
+    from judge import runner
+
+    monkeypatch.setattr(runner, "SPAWN_S", 5.0)
+    path = tmp_path / "stops_server.py"
+    path.write_text("import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+                    "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGSTOP)\n" + SOLUTION.read_text())
+    assert grade("req-lengths", path, seed=1, save=False).ok
+    assert grade("req-lengths", SOLUTION, seed=1, save=False).ok
