@@ -72,7 +72,8 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     if not quiet:
         total, new, _ = stages.summary(n)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}")
+        weights = "" if real_weights() else f"; {default_model_path().name} has random weights: its text is gibberish"
+        print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}{weights}")
     return stage
 
 
@@ -230,6 +231,18 @@ def default_model_path() -> Path:
     """The bundled SmolLM2-135M-Instruct (prepared by tools/prepare_models.py), or $MINISGL_MODEL."""
     override = os.environ.get("MINISGL_MODEL")
     return Path(override) if override else REPO / "models" / "smollm2-135m-instruct"
+
+
+def real_weights() -> bool:
+    """False when the default model was built with random weights (`prepare_models.py
+    --random-weights`, for machines without the SmolLM2 package): everything runs, the text is noise."""
+    import json
+
+    try:
+        marker = json.loads((default_model_path() / ".prepared.json").read_text())
+    except (OSError, ValueError):
+        return True  # a checkpoint the user brought: nothing says otherwise
+    return not marker.get("random_weights", False)
 
 
 def model_path(name: str) -> Path:

@@ -37,7 +37,7 @@ def _by_chapter() -> Dict[int, List[Exercise]]:
 
 
 def _statement(ex: Exercise) -> str:
-    return f"[`{ex.id}`](../exercises/{ex.id}/README.md)"
+    return f"[{ex.id}](../exercises/{ex.id}/README.md)"  # plain text: the lab colours links, not code
 
 
 def chapter_table():
@@ -79,7 +79,7 @@ def progress():
     lines = [head, "", "| | Exercise | Ch | Best | Latest | Your file |", "|---|---|---|---|---|---|"]
     for ex in all_ex:
         p = record.get(ex.id)
-        mark = "✅" if p and p.best.ok else ("◐" if p else "")
+        mark = "✓" if p and p.best.ok else ("✗" if p else "")  # in every common font, unlike emoji
         best, latest = (str(p.best), str(p.latest)) if p else ("—", "—")
         work = registry.learner_path(ex.id)
         mine = f"[work/{work.name}](../work/{work.name})" if work.exists() else f"`python judge.py start {ex.id}`"

@@ -167,10 +167,12 @@ def timing(ex: Exercise, file: Path, settings: Settings, device: str) -> List[st
     if report.timings is None:
         why = (report.fatal or {}).get("error", "no timings came back")
         return [f"not timed: {why.splitlines()[0]}"]
-    return [speed.describe(q, t, device) for q, t in report.timings.items()]
+    lines = [speed.describe(q, t, device) for q, t in report.timings.items()]
+    busy = speed.busy_machine()
+    return lines + ([busy] if busy else [])
 
 
-def _recorded(exercise_id: str, snap: integrity.Snapshot, dirty: List[str], notes: List[str]) -> Optional[Dict[str, Any]]:
+def _recorded(exercise_id: str, snap: integrity.Snapshot, dirty: List[str], warnings: List[str]) -> Optional[Dict[str, Any]]:
     """The recorded reference as read before any learner code ran; its committed version if the
     file on disk differs from it."""
     rel = str(reference.path_for(exercise_id).relative_to(registry.REPO_ROOT))
@@ -178,7 +180,7 @@ def _recorded(exercise_id: str, snap: integrity.Snapshot, dirty: List[str], note
     if rel in dirty:
         committed = integrity.committed_text(rel)
         if committed is not None:
-            notes.append(f"{rel} differs from its committed version: graded against the committed one")
+            warnings.append(f"{rel} differs from its committed version: graded against the committed one")
             text = committed
     return json.loads(text) if text is not None else None
 
@@ -220,10 +222,15 @@ def grade(
     fp = current_fingerprint()
     notes = [f"graded on {fp['device']}" + ("" if use_cuda else " (no GPU found: everything runs on the CPU)")]
     warnings: List[str] = []
-    recorded = _recorded(exercise_id, snap, dirty, notes)
+    recorded = _recorded(exercise_id, snap, dirty, warnings)
     others = [d for d in dirty if d != str(reference.path_for(exercise_id).relative_to(registry.REPO_ROOT))]
-    if others:
-        notes.append("files of the judge or engine that differ from their committed versions: " + ", ".join(others[:8]) + (" ..." if len(others) > 8 else ""))
+    grading = [d for d in others if d.startswith("judge") or d == f"exercises/{exercise_id}/cases.py"]
+    if grading:
+        warnings.append("the judge's files differ from their committed versions (`git diff` shows how), so this verdict "
+                        "may not mean what it says: " + ", ".join(grading[:8]) + (" ..." if len(grading) > 8 else ""))
+    if len(others) > len(grading):
+        engine = [d for d in others if d not in grading]
+        notes.append("engine files that differ from their committed versions: " + ", ".join(engine[:8]) + (" ..." if len(engine) > 8 else ""))
     fixed_keys = [j.key for j in jobs if j.seed is None]
     use_recorded = reference.usable(recorded, fp, fixed_keys)
     ref_jobs = [j for j in jobs if j.seed is not None or not use_recorded]
@@ -247,6 +254,13 @@ def grade(
         if _put_back(snap, warnings) and ref_jobs:
             ref = run_reference(ex, ref_jobs, settings)  # it ran while the files were changed: run it again
         expected = expected_from(jobs, ref, recorded["cases"] if use_recorded else None)
+        if expected.broken:  # the graded code may have killed the reference's worker: once more, alone
+            sweep()
+            again = [j for j in ref_jobs if j.id in expected.broken]
+            rerun = run_reference(ex, again, settings)
+            ref.results.update({k: v for k, v in rerun.results.items() if v.get("completed")})
+            ref.fatal = ref.fatal if rerun.fatal else None
+            expected = expected_from(jobs, ref, recorded["cases"] if use_recorded else None)
         if got.skipped:
             notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
         result = GradeResult(exercise_id, _display(file), fp["device"], verdicts(ex, jobs, expected, got), notes, warnings=warnings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from .result import Status
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
 POLL_S = 0.05
+TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
 MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
 USE_ZYGOTE = os.environ.get("MINISGL_JUDGE_FORK", "1") != "0"
@@ -124,7 +126,8 @@ class Zygote:
                 env=dict(env, **{procs.MARKER: str(os.getpid())}), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, start_new_session=True,
             )
-            if proc.stdout.readline().strip() != "ready":
+            ready, _, _ = select.select([proc.stdout], [], [], STARTUP_S)  # never wait on a server that hangs
+            if not ready or proc.stdout.readline().strip() != "ready":
                 cls._procs[fresh] = proc
                 cls._stop(fresh)
                 raise RuntimeError("the grading fork server did not start")
@@ -306,6 +309,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False):
     buf = ""
     current: Optional[str] = None
     started_at = time.monotonic()
+    polls = 0
     while True:
         chunk = events.read()
         buf += chunk
@@ -344,9 +348,14 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False):
         if current is None and report.fingerprint is None and now - started_at > STARTUP_S:
             report.fatal = {"status": Status.TIMEOUT, "error": f"loading your file took more than {STARTUP_S:.0f} s (does it run something at import time?)"}
             return False, None
-        # memory first: a case that is both over memory and slow is slow because of the memory
-        if _rss_bytes(proc.pid) > limit:
-            result = _ended(Status.OOM, f"used more than {limit / 2**30:.1f} GiB of memory", now - started_at)
+        # memory first: a case that is both over memory and slow is slow because of the memory;
+        # about once a second, with what the processes it started use too
+        polls += 1
+        used = _rss_bytes(proc.pid)
+        if polls % TREE_EVERY == 0:
+            used = max(used, procs.tree_memory([proc.pid]))
+        if used > limit:
+            result = _ended(Status.OOM, f"used more than {limit / 2**30:.1f} GiB of memory (with any processes it started)", now - started_at)
             if current is None:
                 report.fatal = {k: result[k] for k in ("status", "error")}
                 return False, None

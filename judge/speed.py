@@ -2,23 +2,24 @@
 
 Run only after every case has passed: the timing cases run again, alternately with the learner's
 definitions and with the engine's, while a stopwatch around each timed symbol adds up the time
-spent inside it (outermost calls only, with the GPU synchronised at both ends). The reported
-figure is the ratio of the medians over rounds, so a slow start or a busy moment counts little.
+spent inside it (outermost calls only, with the GPU synchronised at both ends). Rounds repeat
+for a few seconds and each side keeps its best round (as `timeit` does): on a shared machine the
+best round is the one least disturbed, so a slow start or a busy moment does not count.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import statistics
+import os
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from .api import Exercise, Obs
 from .install import Installed, resolve_owner, swap
 
-ROUNDS = 5
-BUDGET_S = 8.0  # stop adding rounds after this long (at least one round of each side runs)
+MIN_ROUNDS, MAX_ROUNDS = 3, 200
+BUDGET_S = 4.0  # stop adding rounds after this long (once MIN_ROUNDS of each side have run)
 
 
 class _Stopwatch:
@@ -55,8 +56,8 @@ def _with_stopwatches(side: Dict[Tuple[Any, str], Any], timed: Dict[str, Tuple[A
 
 
 def measure(ex: Exercise, cases: List[Tuple[Any, Dict[str, Any]]], installed: Installed, run_case) -> Dict[str, Dict[str, float]]:
-    """{qualname: {"yours": s, "reference": s, "calls": n}}: median seconds inside each timed
-    symbol per round of the timing cases, for the learner's definitions and for the engine's."""
+    """{qualname: {"yours": s, "reference": s, "calls": n, "rounds": r}}: the best round's seconds
+    inside each timed symbol over the timing cases, for the learner's definitions and the engine's."""
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -68,7 +69,8 @@ def measure(ex: Exercise, cases: List[Tuple[Any, Dict[str, Any]]], installed: In
     totals: Dict[str, Dict[str, List[float]]] = {q: {"yours": [], "reference": []} for q in timed}
     calls: Dict[str, int] = {}
     t_start = time.perf_counter()
-    for rnd in range(ROUNDS):
+    rounds = 0
+    for rnd in range(MAX_ROUNDS):
         order = ("yours", "reference") if rnd % 2 == 0 else ("reference", "yours")
         for side in order:
             pieces, watches = _with_stopwatches(installed.learner if side == "yours" else installed.engine, timed, sync)
@@ -82,9 +84,10 @@ def measure(ex: Exercise, cases: List[Tuple[Any, Dict[str, Any]]], installed: In
             for q, w in watches.items():
                 totals[q][side].append(w.seconds)
                 calls[q] = w.calls
-        if time.perf_counter() - t_start > BUDGET_S:
+        rounds = rnd + 1
+        if rounds >= MIN_ROUNDS and time.perf_counter() - t_start > BUDGET_S:
             break
-    return {q: {"yours": statistics.median(t["yours"]), "reference": statistics.median(t["reference"]), "calls": calls.get(q, 0)}
+    return {q: {"yours": min(t["yours"]), "reference": min(t["reference"]), "calls": calls.get(q, 0), "rounds": rounds}
             for q, t in totals.items()}
 
 
@@ -96,5 +99,17 @@ def describe(qualname: str, timing: Dict[str, float], device: str) -> str:
         return f"your {name}: not called by the timing cases, so not timed"
     ratio = yours / ref
     per = lambda s: f"{s / calls * 1e3:.3g} ms"  # noqa: E731
-    return (f"your {name}: {ratio:.2f}x the reference's time ({per(yours)} vs {per(ref)} per call, {calls} calls, "
-            f"measured in this run on {device})")
+    return (f"your {name}: {ratio:.2f}x the reference's time ({per(yours)} vs {per(ref)} per call over {calls} calls, "
+            f"best of {int(timing.get('rounds', 1))} rounds each, measured in this run on {device})")
+
+
+def busy_machine() -> str:
+    """A caution when other work shared the CPU during the timing (the figures are then noisy)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return f"the machine was busy while timing (load {load:.1f} on {cores} cores): these ratios are rough; grade again when it is idle"

@@ -4,6 +4,7 @@ loops, runs out of memory, mutates its inputs or reaches for the reference."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -276,7 +277,7 @@ def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
 def _judge_processes() -> set:
     from judge import procs
 
-    return {p for p in procs.table() if procs.marked(p)}
+    return {p for p in procs.table() if procs.marked(p)}  # started by this judge process
 
 
 def _left_behind(before: set) -> set:
@@ -299,6 +300,11 @@ _BODY = "        return self.device_len - self.cached_len"
     # kills the fork server too (its grandparent)
     ("kills_server", "import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
                      "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
+    # kills every process this judge started but itself: fork server, keepers, the reference's worker
+    ("kills_helpers", "import os, signal\n_tag = ('MINISGL_JUDGE_PROCESS=' + os.environ['MINISGL_JUDGE_PROCESS']).encode()\n"
+                      "for _p in os.listdir('/proc'):\n    try:\n"
+                      "        if _p.isdigit() and int(_p) != os.getpid() and _tag in open(f'/proc/{_p}/environ', 'rb').read().split(b'\\0'):\n"
+                      "            os.kill(int(_p), signal.SIGKILL)\n    except OSError:\n        pass\n", None),
     # fifty children, each in its own session, ignoring SIGTERM, then a crash at import
     ("forks_then_raises", "import os, signal, time\nfor _ in range(50):\n    if os.fork() == 0:\n        os.setsid()\n"
                           "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n        time.sleep(600)\n        os._exit(0)\n"
@@ -342,30 +348,34 @@ def test_processes_started_in_cases_do_not_outlive_the_verdict(tmp_path: Path) -
 
 # ---- the graded code cannot change what grades it ------------------------------------------------
 def test_rewriting_the_reference_changes_no_verdict(tmp_path: Path) -> None:
+    # the solution, plus code that empties the recorded reference and appends to the cases: were
+    # either trusted, the solution would fail (it records observations the blanked reference lacks)
     ref = REPO / "judge" / "reference" / "prefill-adder.json"
     cases = REPO / "exercises" / "prefill-adder" / "cases.py"
     original_ref, original_cases = ref.read_bytes(), cases.read_bytes()
-    stub = (REPO / "exercises" / "prefill-adder" / "starter.py").read_text()
     tamper = tmp_path / "tamper.py"
     tamper.write_text(
         "import json, pathlib\n"
         f"_root = pathlib.Path({str(REPO)!r})\n"
         "_ref = _root / 'judge' / 'reference' / 'prefill-adder.json'\n"
         "_data = json.loads(_ref.read_text())\n"
-        "_data['cases'] = {k: [] for k in _data['cases']}\n"
-        "_ref.write_text(json.dumps(_data))\n"
-        "with open(_root / ('exer' + 'cises') / 'prefill-adder' / 'cases.py', 'a') as f:\n    f.write('\\n# appended\\n')\n"
-        + stub.replace('raise NotImplementedError("write PrefillAdder.try_admit")', "return None")
+        "_ref.write_text(json.dumps(dict(_data, cases={k: [] for k in _data['cases']})))\n"
+        "with open(_root / ('exer' + 'cises') / 'prefill-adder' / 'cases.py', 'a') as f:\n    f.write('\\nraise SystemExit\\n')\n"
+        + PREFILL.read_text()
     )
     try:
         result = grade("prefill-adder", tamper, seed=1, save=False)
-        assert result.passed == 0, str(result)
+        assert result.ok, str(result)
         assert any("prefill-adder.json (changed)" in w and "cases.py (changed)" in w for w in result.warnings), str(result)
         assert ref.read_bytes() == original_ref and cases.read_bytes() == original_cases
-        stub_path = tmp_path / "stub.py"
-        stub_path.write_text(stub.replace('raise NotImplementedError("write PrefillAdder.try_admit")', "return None"))
-        again = grade("prefill-adder", stub_path, seed=1, save=False)
-        assert again.passed == 0 and not again.warnings, str(again)
+        again = grade("prefill-adder", PREFILL, seed=1, save=False)
+        assert again.ok and not any("graded code changed" in w for w in again.warnings), str(again)
+        # changed while no grading ran (say, by a grading the judge could not finish): found by the
+        # hash git keeps of the committed version, which is used instead
+        data = json.loads(original_ref)
+        ref.write_text(json.dumps(dict(data, cases={k: [] for k in data["cases"]})))
+        later = grade("prefill-adder", PREFILL, seed=1, save=False)
+        assert later.ok and any("prefill-adder.json differs from its committed version" in w for w in later.warnings), str(later)
     finally:
         ref.write_bytes(original_ref)
         cases.write_bytes(original_cases)
@@ -381,6 +391,32 @@ def test_failure_names_the_field(tmp_path: Path) -> None:
 
 def test_a_passing_hot_path_piece_reports_its_speed() -> None:
     result = grade("prefill-adder", PREFILL, seed=1, save=False)
-    assert result.ok and len(result.speed) == 1, str(result)
+    assert result.ok and result.speed, str(result)
     assert result.speed[0].startswith("your try_admit: ") and "x the reference's time" in result.speed[0]
     assert "speed: your try_admit" in str(result)
+
+
+def test_fresh_interpreter_workers_contain_processes_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU path: each worker is a new interpreter; its keeper kill and orphans are handled alike
+    from judge import runner
+
+    monkeypatch.setattr(runner, "USE_ZYGOTE", False)
+    before = _judge_processes()
+    path = tmp_path / "fresh_orphans.py"
+    path.write_text("import os, signal, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n"
+                    "    os._exit(0)\nos.kill(os.getppid(), signal.SIGKILL)\n" + SOLUTION.read_text())
+    result = grade("req-lengths", path, seed=1, save=False)
+    assert result.ok, str(result)
+    assert _left_behind(before) == set()
+
+
+def test_memory_of_forked_children_counts(tmp_path: Path) -> None:
+    # four children that each fill 300 MiB: the worker itself stays small, together they pass 1 GiB
+    hog = ("        if self.prompt_len == 10:\n            import os, time, torch\n            for _ in range(4):\n"
+           "                if os.fork() == 0:\n                    x = torch.ones(300 * 2**20, dtype=torch.uint8)\n"
+           "                    time.sleep(600)\n                    os._exit(0)\n            time.sleep(30)\n")
+    before = _judge_processes()
+    path = _variant(tmp_path, "fork_hogs", _BODY, hog + _BODY)
+    result = grade("req-lengths", path, seed=1, save=False, memory_limit_gb=1.0)
+    assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "oom", str(result)
+    assert _left_behind(before) == set()

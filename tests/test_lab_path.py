@@ -139,7 +139,7 @@ def test_index_tables_read_the_judges_record(tmp_path: Path, monkeypatch: pytest
     for ex_id in ids:  # every exercise sits in its chapter's row, linked to its statement
         ex = registry.load(ex_id)
         row = next(line for line in table.splitlines() if line.startswith(f"| {ex.chapter} |"))
-        assert f"[`{ex_id}`](../exercises/{ex_id}/README.md)" in row
+        assert f"[{ex_id}](../exercises/{ex_id}/README.md)" in row
     assert "No exercise graded yet" in contents.progress().data
 
     progress.record(_result(4), when="2026-01-02 10:00")
@@ -148,11 +148,11 @@ def test_index_tables_read_the_judges_record(tmp_path: Path, monkeypatch: pytest
     (tmp_path / "work" / "req-lengths.py").write_text("# mine\n")
     text = contents.progress().data
     assert f"**1 of {len(ids)} exercises pass**" in text
-    row = next(line for line in text.splitlines() if "`req-lengths`" in line)
-    assert "✅" in row and "4/4 (2026-01-02 10:00)" in row and "1/4 (2026-01-02 10:05)" in row
+    row = next(line for line in text.splitlines() if "[req-lengths]" in line)
+    assert "✓" in row and "4/4 (2026-01-02 10:00)" in row and "1/4 (2026-01-02 10:05)" in row
     assert "[work/req-lengths.py](../work/req-lengths.py)" in row
-    other = next(line for line in text.splitlines() if "`base-op`" in line)
-    assert "✅" not in other and "python judge.py start base-op" in other
+    other = next(line for line in text.splitlines() if "[base-op]" in line)
+    assert "✓" not in other and "python judge.py start base-op" in other
 
 
 def test_readme_chapter_table_lists_every_chapter_with_its_exercises() -> None:
