@@ -254,6 +254,13 @@ def grade(
         if _put_back(snap, warnings) and ref_jobs:
             ref = run_reference(ex, ref_jobs, settings)  # it ran while the files were changed: run it again
         expected = expected_from(jobs, ref, recorded["cases"] if use_recorded else None)
+        if expected.broken:  # the graded code may have killed the reference's worker: once more, alone
+            sweep()
+            again = [j for j in ref_jobs if j.id in expected.broken]
+            rerun = run_reference(ex, again, settings)
+            ref.results.update({k: v for k, v in rerun.results.items() if v.get("completed")})
+            ref.fatal = ref.fatal if rerun.fatal else None
+            expected = expected_from(jobs, ref, recorded["cases"] if use_recorded else None)
         if got.skipped:
             notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
         result = GradeResult(exercise_id, _display(file), fp["device"], verdicts(ex, jobs, expected, got), notes, warnings=warnings)

@@ -6,7 +6,8 @@ Three steps, in the grading subprocess only:
 2. `hide` swaps each replaced engine symbol for a trap that raises `ReferenceUsedError`, so the
    learner's module cannot grab the reference while it is imported.
 3. `transplant` sets the learner's definitions onto the engine classes and modules, so the
-   engine's own code calls them from then on.
+   engine's own code calls them from then on: for a class, everything its body defines (helper
+   methods too), with `super()` in those methods answering as in an ordinary subclass.
 """
 
 from __future__ import annotations

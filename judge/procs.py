@@ -9,8 +9,9 @@ below one of them, where `/proc` shows it. `kill_tree` SIGKILLs a set of process
 descendant, again and again until none is left (a process forking while it is being killed
 only adds to the next pass); SIGKILL cannot be caught or ignored.
 
-Everything the judge starts carries MARKER in its environment, so an orphan adopted by the judge
-process itself (after the fork server was killed) is told apart from the notebook's own children.
+Everything the judge starts carries MARKER=<the judge's pid> in its environment, so an orphan
+adopted by the judge process itself (after the fork server was killed) is told apart from the
+notebook's own children (and from another judge's processes on a shared machine).
 """
 
 from __future__ import annotations
@@ -88,11 +89,30 @@ def descendants(roots: Iterable[int], tab: Dict[int, Proc]) -> Set[int]:
     return out
 
 
-def marked(pid: int) -> bool:
-    """Whether the process was started by the judge (its environment carries MARKER)."""
+def pss_bytes(pid: int) -> int:
+    """The process's proportional share of memory (pages shared after a fork count once in all)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def tree_memory(roots: Iterable[int]) -> int:
+    """Memory used by `roots` and everything below them, in bytes."""
+    return sum(pss_bytes(pid) for pid in descendants(roots, table()))
+
+
+def marked(pid: int, judge: Optional[int] = None) -> bool:
+    """Whether the process was started by the judge process `judge` (default: this one): its
+    environment carries MARKER set to that judge's pid."""
+    tag = f"{MARKER}={os.getpid() if judge is None else judge}".encode()
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return (MARKER + "=").encode() in f.read()
+            return tag in f.read().split(b"\0")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
 

@@ -264,6 +264,15 @@ def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
     assert result.ok, str(result)
 
 
+def test_module_level_helpers_go_with_the_function(tmp_path: Path) -> None:
+    moe = REPO / "exercises" / "moe-align" / "solution.py"
+    path = _variant(tmp_path, "module_helper", "    padded = (counts + block_size - 1) // block_size * block_size\n",
+                    "    padded = _round_up(counts, block_size)\n", moe)
+    path.write_text(path.read_text() + "\n\ndef _round_up(x, m):\n    return (x + m - 1) // m * m\n")
+    result = grade("moe-align", path, seed=1, save=False)
+    assert result.ok, str(result)
+
+
 def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
     # super() reaches the engine's schedule_next_batch (not a replaced symbol), and a helper of ours
     path = _variant(tmp_path, "supers", "        batch = self.schedule_next_batch()\n",
@@ -277,7 +286,7 @@ def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
 def _judge_processes() -> set:
     from judge import procs
 
-    return {p for p in procs.table() if procs.marked(p)}
+    return {p for p in procs.table() if procs.marked(p)}  # started by this judge process
 
 
 def _left_behind(before: set) -> set:
@@ -300,6 +309,11 @@ _BODY = "        return self.device_len - self.cached_len"
     # kills the fork server too (its grandparent)
     ("kills_server", "import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
                      "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
+    # kills every process this judge started but itself: fork server, keepers, the reference's worker
+    ("kills_helpers", "import os, signal\n_tag = ('MINISGL_JUDGE_PROCESS=' + os.environ['MINISGL_JUDGE_PROCESS']).encode()\n"
+                      "for _p in os.listdir('/proc'):\n    try:\n"
+                      "        if _p.isdigit() and int(_p) != os.getpid() and _tag in open(f'/proc/{_p}/environ', 'rb').read().split(b'\\0'):\n"
+                      "            os.kill(int(_p), signal.SIGKILL)\n    except OSError:\n        pass\n", None),
     # fifty children, each in its own session, ignoring SIGTERM, then a crash at import
     ("forks_then_raises", "import os, signal, time\nfor _ in range(50):\n    if os.fork() == 0:\n        os.setsid()\n"
                           "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n        time.sleep(600)\n        os._exit(0)\n"
@@ -389,3 +403,41 @@ def test_a_passing_hot_path_piece_reports_its_speed() -> None:
     assert result.ok and result.speed, str(result)
     assert result.speed[0].startswith("your try_admit: ") and "x the reference's time" in result.speed[0]
     assert "speed: your try_admit" in str(result)
+
+
+def test_fresh_interpreter_workers_contain_processes_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU path: each worker is a new interpreter; its keeper kill and orphans are handled alike
+    from judge import runner
+
+    monkeypatch.setattr(runner, "USE_ZYGOTE", False)
+    before = _judge_processes()
+    path = tmp_path / "fresh_orphans.py"
+    path.write_text("import os, signal, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n"
+                    "    os._exit(0)\nos.kill(os.getppid(), signal.SIGKILL)\n" + SOLUTION.read_text())
+    result = grade("req-lengths", path, seed=1, save=False)
+    assert result.ok, str(result)
+    assert _left_behind(before) == set()
+
+
+def test_memory_of_forked_children_counts(tmp_path: Path) -> None:
+    # four children that each fill 300 MiB: the worker itself stays small, together they pass 1 GiB
+    hog = ("        if self.prompt_len == 10:\n            import os, time, torch\n            for _ in range(4):\n"
+           "                if os.fork() == 0:\n                    x = torch.ones(300 * 2**20, dtype=torch.uint8)\n"
+           "                    time.sleep(600)\n                    os._exit(0)\n            time.sleep(30)\n")
+    before = _judge_processes()
+    path = _variant(tmp_path, "fork_hogs", _BODY, hog + _BODY)
+    result = grade("req-lengths", path, seed=1, save=False, memory_limit_gb=1.0)
+    assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "oom", str(result)
+    assert _left_behind(before) == set()
+
+
+def test_a_stopped_fork_server_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the graded code stops (SIGSTOP) the fork server; the next grading gets a new one
+    from judge import runner
+
+    monkeypatch.setattr(runner, "SPAWN_S", 5.0)
+    path = tmp_path / "stops_server.py"
+    path.write_text("import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+                    "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGSTOP)\n" + SOLUTION.read_text())
+    assert grade("req-lengths", path, seed=1, save=False).ok
+    assert grade("req-lengths", SOLUTION, seed=1, save=False).ok
