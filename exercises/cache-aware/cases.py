@@ -16,6 +16,7 @@ EXERCISE = Exercise(
     chapter=22,
     title="Cache-aware scheduling: longest prefix match first",
     difficulty=3,
+    timed=("PrefillManager.schedule_next_batch",),
     replaces=(
         Replace("minisgl.scheduler.prefill", "longest_prefix_first"),
         Replace("minisgl.scheduler.prefill", "PrefillManager.admission_order"),
