@@ -189,13 +189,13 @@ def stream_timeline(streams: Dict[str, Dict[str, Any]], title: str = ""):
             ax.annotate("", xy=(times[0], y + 0.32), xytext=(0, y + 0.32), arrowprops=dict(arrowstyle="<->", color=ORANGE, linewidth=1))
             ax.text(times[0] / 2, y + 0.38, f"first event {1000 * times[0]:.0f} ms", ha="center", fontsize=7.5, color=ORANGE)
         if len(times) > 1:
-            ax.text(times[-1], y + 0.3, f"{len(times)} events, last at {1000 * times[-1]:.0f} ms", ha="right", fontsize=7.5, color=BLUE)
+            ax.text(times[-1], y - 0.45, f"{len(times)} events, last at {1000 * times[-1]:.0f} ms", ha="right", fontsize=7.5, color=BLUE)
         if "closed" in s:
             ax.plot([s["closed"] - t0], [y], "X", color=RED, markersize=9)
-            ax.text(s["closed"] - t0, y - 0.45, "client hangs up", ha="center", fontsize=7.5, color=RED)
+            ax.text(s["closed"] - t0, y + 0.3, f"client hangs up at {1000 * (s['closed'] - t0):.0f} ms", ha="left", fontsize=7.5, color=RED)
         if "idle" in s:
             ax.plot([s["idle"] - t0], [y], "s", color=GREEN, markersize=7)
-            ax.text(s["idle"] - t0, y - 0.45, f"/health idle at {1000 * (s['idle'] - t0):.0f} ms", ha="center", fontsize=7.5, color=GREEN)
+            ax.text(s["idle"] - t0, y - 0.45, f"/health idle at {1000 * (s['idle'] - t0):.0f} ms", ha="left", fontsize=7.5, color=GREEN)
     ax.set_yticks(range(len(streams)), list(reversed(list(streams))), fontsize=8.5)
     ax.set_ylim(-0.8, len(streams) - 0.2), ax.set_xlabel("seconds since the request was sent (blue: one SSE event each, as the client read it)")
     for side in ("top", "right"):
