@@ -1,8 +1,9 @@
-"""Chapter 15: every OpenAI request field is honoured or refused by name, over real HTTP:
-several choices, several prompts, echo, tool conversations, refusals, errors, metrics.
-(The sampler's fields and log-probabilities: test_ch15_sampler_fields.py.)
+"""Chapter 15: every OpenAI request field is honoured or refused by name, over real HTTP: the
+sampler's fields, several choices, several prompts, echo, tool conversations, refusals, errors,
+metrics. (Log-probabilities and 64-bit seeds: test_ch15_logprobs.py.)
 
-Oracles: the offline `LLM` with the same `SamplingParams`, and the chat template rendered by
+Oracles: the offline `LLM` with the same `SamplingParams` (the sampler's own tests, chapter 6,
+check those against transformers' logits processors), and the chat template rendered by
 transformers. One tiny-llama server serves the whole module.
 """
 
@@ -53,6 +54,37 @@ def post(server, body, path="/v1/completions"):
 
 def offline(llm, prompt, **params):
     return llm.generate([prompt], SamplingParams(**params))[0]
+
+
+# ---- sampler fields reach the engine -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"presence_penalty": 1.5},
+        {"frequency_penalty": 2.0},
+        {"repetition_penalty": 1.8},
+        {"logit_bias": {"11": -100}},  # "," (and whatever the model writes) never comes out
+        {"min_p": 0.2, "temperature": 1.0, "seed": 12},
+        {"min_tokens": 12, "stop_token_ids": [13]},
+        {"seed": 2**64 - 1, "temperature": 1.0},
+    ],
+    ids=lambda f: ",".join(f),
+)
+def test_sampler_fields_give_the_offline_engines_tokens(server, llm, fields):
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, **fields}
+    r = post(server, body)
+    assert r.status_code == 200, r.text
+    params = {k: v for k, v in body.items() if k not in ("model", "prompt", "logit_bias", "stop_token_ids")}
+    if "logit_bias" in fields:
+        params["logit_bias"] = tuple((int(k), float(v)) for k, v in fields["logit_bias"].items())
+    if "stop_token_ids" in fields:
+        params["stop_token_ids"] = tuple(fields["stop_token_ids"])
+    ref = offline(llm, PROMPT, **params)
+    assert r.json()["choices"][0]["text"] == ref.text
+    if "logit_bias" in fields:
+        assert 11 not in ref.token_ids
 
 
 # ---- several choices, several prompts, echo -------------------------------------------------------
