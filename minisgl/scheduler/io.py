@@ -41,7 +41,10 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
     # ---- results out: collected during a step, sent after it ---------------------------------
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
         self.aborted += finish_reason == "abort"
-        self.outbox.append(DetokenizeMsg(req.uid, token, finish_reason))
+        msg = DetokenizeMsg(req.uid, token, finish_reason)
+        if token is not None and req.token_logprobs:
+            msg.logprob, msg.top_logprobs = req.token_logprobs[-1]
+        self.outbox.append(msg)
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:
         self.aborted += reason == "abort"
