@@ -380,6 +380,15 @@ def test_a_schema_xgrammar_cannot_use_is_refused_before_queueing(llm):
     llm.assert_all_free()
 
 
+def test_generate_checks_every_schema_before_running_any(llm):
+    good = SP(max_tokens=4, json_mode="object")
+    bad = SP(json_mode="schema", json_schema='{"type": "no-such-type"}')
+    with pytest.raises(InvalidRequestError, match="json_schema"):
+        llm.generate([PROMPTS[0], PROMPTS[1]], [good, bad])
+    assert llm.is_idle and not llm.grammar.active
+    llm.assert_all_free()
+
+
 def test_aborting_a_waiting_json_request_drops_its_grammar(llm):
     uid = llm.add_request(PROMPTS[0], SP(json_mode="object"))
     llm.abort_request(uid)

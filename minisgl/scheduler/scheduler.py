@@ -76,7 +76,7 @@ class Scheduler:
         self.cache = CacheManager(self.engine.num_pages, self.engine.page_size, prefix_cache, self.engine.page_table)
         self.decode = DecodeManager()
         self.grammar = GrammarManager(config.engine.model_path, self.engine.model_config.vocab_size, self.eos_ids)
-        self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens)
+        self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens, config.schedule_policy)
         self.live: Dict[int, Req] = {}  # admitted and not yet freed
         self.unprocessed: List[ForwardResult] = []  # launched, results not read yet
         self.trace: List[StepTrace] = []
@@ -126,6 +126,8 @@ class Scheduler:
                 f"prompt ({n}) plus max_tokens ({params.max_tokens}) needs more KV memory than the pool "
                 f"holds ({self.cache.num_pages * self.cache.page_size} tokens)"
             )
+        if params.json_mode != "off":
+            self.grammar.compile(params)  # a schema xgrammar cannot use is refused here (compiled once, cached)
 
     def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
         """Queue a request (raises InvalidRequestError before queueing if it can never run)."""
@@ -133,7 +135,7 @@ class Scheduler:
         self.validate(ids, params)
         uid = next(self._uids) if uid is None else uid
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(31)
-        self.grammar.add(uid, params)  # compiles a JSON request's grammar (or refuses its schema)
+        self.grammar.add(uid, params)  # a JSON request's matcher, from the grammar validate compiled
         self.prefill.add(PendingReq(uid, ids, params, seed))
         return uid
 
