@@ -1,6 +1,6 @@
 # minisgl workbook -- set-up, notebooks, tests.
 #
-#   make lab     JupyterLab on chapters/ with the bundled SmolLM2 model
+#   make lab     JupyterLab on this folder, opening chapters/index.ipynb (config: .jupyter/)
 #   make test    the full test suite
 #   make demo    generate a little text from the default model
 #   make setup   only create .venv and prepare models/ (done by the others)
@@ -50,10 +50,9 @@ models: $(STAMP)
 	$(PY) tools/prepare_models.py
 
 lab: setup
-	@root=chapters; [ -d "$$root" ] || root=.; \
-	url=; [ -f chapters/index.ipynb ] && url=--LabApp.default_url=/lab/tree/index.ipynb; \
-	root_ok=; [ "$$(id -u)" = 0 ] && root_ok=--allow-root; \
-	exec $(VENV)/bin/jupyter lab --ServerApp.root_dir="$$root" $$url $$root_ok $(LAB_ARGS)
+	@root_ok=; [ "$$(id -u)" = 0 ] && root_ok=--allow-root; \
+	JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	exec $(VENV)/bin/jupyter lab $$root_ok $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest $(TEST_ARGS)

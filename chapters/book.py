@@ -61,6 +61,7 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
     _CHAPTER = n
+    _register_judge_magic()
     small_llm.cache_clear()
     import torch
 
@@ -73,6 +74,19 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}")
     return stage
+
+
+def _register_judge_magic() -> None:
+    """`%%judge <id>` in a chapter's exercise cells then works without `import judge`."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        from judge.magic import register
+
+        register(ip)
 
 
 def chapter() -> int:

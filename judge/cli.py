@@ -20,15 +20,18 @@ def _rel(path) -> str:
 
 
 def cmd_list(_: argparse.Namespace) -> int:
-    from .grade import last_results
+    from . import progress
 
-    last = last_results()
-    print(f"{'exercise':<18} {'ch':>3} {'diff':<5} {'last result':<22} title")
+    record = progress.load()
+    print(f"{'exercise':<18} {'ch':>3} {'diff':<5} {'best':<20} {'latest':<20} title")
     for ex in sorted((registry.load(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
-        ex_id = ex.id
-        r = last.get(ex_id)
-        res = f"{r['passed']}/{r['total']} ({r['when']})" if r else ("started" if registry.learner_path(ex_id).exists() else "-")
-        print(f"{ex_id:<18} {ex.chapter:>3} {_STARS[ex.difficulty]:<5} {res:<22} {ex.title}")
+        p = record.get(ex.id)
+        if p is not None:
+            best, latest = str(p.best), str(p.latest)
+        else:
+            best, latest = ("started" if registry.learner_path(ex.id).exists() else "-"), ""
+        print(f"{ex.id:<18} {ex.chapter:>3} {_STARS[ex.difficulty]:<5} {best:<20} {latest:<20} {ex.title}")
+    print("best: your highest score so far; latest: your last grading (from .judge/results.json)")
     return 0
 
 
@@ -80,7 +83,7 @@ def _default_jobs() -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="judge.py", description="Grade the workbook's exercises against the reference engine.")
     sub = p.add_subparsers(dest="command")
-    sub.add_parser("list", help="every exercise with its chapter, difficulty and your last result").set_defaults(fn=cmd_list)
+    sub.add_parser("list", help="every exercise with its chapter, difficulty, your best and your latest result").set_defaults(fn=cmd_list)
     s = sub.add_parser("start", help="copy an exercise's starter to work/<id>.py (never overwrites your work)")
     s.add_argument("exercise", help="exercise id, e.g. prefill-adder")
     s.set_defaults(fn=cmd_start)

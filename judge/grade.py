@@ -3,15 +3,13 @@ side by side in subprocesses, and turn the two sets of observations into verdict
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import reference, registry
+from . import progress, reference, registry
 from .api import Exercise
 from .compare import first_difference
 from .result import CaseResult, GradeResult
@@ -156,7 +154,7 @@ def grade(
     expected = _expected(ref, recorded, use_recorded, jobs)
     result = GradeResult(exercise_id, _display(file), fp["device"], verdicts(ex, jobs, expected, ref, got), notes)
     if save:
-        record_result(result)
+        progress.record(result)
     return result
 
 
@@ -165,30 +163,6 @@ def _display(file: Path) -> str:
         return str(file.relative_to(registry.REPO_ROOT))
     except ValueError:
         return str(file)
-
-
-# ---- last results (for `judge.py list`) -------------------------------------------------------
-def _state_path() -> Path:
-    return registry.STATE_DIR / "results.json"
-
-
-def record_result(result: GradeResult) -> None:
-    path = _state_path()
-    try:
-        state = json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        state = {}
-    state[result.exercise] = {"passed": result.passed, "total": result.total, "file": result.file, "when": time.strftime("%Y-%m-%d %H:%M")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=1, sort_keys=True))
-
-
-def last_results() -> Dict[str, Dict[str, Any]]:
-    path = _state_path()
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        return {}
 
 
 def run_reference(exercise_id: str, jobs: List[CaseJob], parallel: int = 1) -> WorkerReport:

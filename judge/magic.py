@@ -1,26 +1,59 @@
-"""`%%judge <id>`: grade the code of a notebook cell as the learner's file for exercise <id>."""
+"""`%%judge <id>`: grade the code of a notebook cell as the learner's file for exercise <id>.
+
+`book.setup_chapter(n)` registers it in every chapter, so a chapter's `%%judge` cell needs no
+import; elsewhere `import judge` or `%load_ext judge` does the same.
+"""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
+from .result import GradeResult
 
-def _judge_cell(line: str, cell: str):
+USAGE = "usage: %%judge <exercise-id> [--seed N]   (the cell's body is your code for the exercise)"
+CELL = "this cell"
+
+
+def _parse(line: str) -> tuple[str, int | None]:
+    parts = line.split()
+    if not parts or parts[0].startswith("-"):
+        raise ValueError(USAGE)
+    seed = None
+    if "--seed" in parts:
+        i = parts.index("--seed")
+        if i + 1 >= len(parts) or not parts[i + 1].lstrip("-").isdigit():
+            raise ValueError(f"--seed takes a whole number; {USAGE}")
+        seed = int(parts[i + 1])
+    return parts[0], seed
+
+
+def judge_cell(line: str, cell: str) -> GradeResult:
+    """Grade `cell` as exercise `line`'s file; the result names it "this cell", not a temporary file."""
+    from . import progress, registry
     from .grade import grade
 
-    parts = line.split()
-    if not parts:
-        raise ValueError("usage: %%judge <exercise-id> [--seed N]")
-    seed = int(parts[parts.index("--seed") + 1]) if "--seed" in parts else None
+    from IPython.core.error import UsageError
+
+    try:
+        exercise_id, seed = _parse(line)
+        registry.folder(exercise_id)  # an unknown id fails here, with the list of known ones
+    except (ValueError, registry.UnknownExerciseError) as exc:
+        raise UsageError(str(exc)) from None  # IPython shows the message alone, no traceback
+    print(f"{exercise_id}: grading {CELL} (reference and your code run side by side; this takes a few seconds)")
     with tempfile.TemporaryDirectory(prefix="judge-cell-") as tmp:
-        path = Path(tmp) / f"{parts[0].replace('-', '_')}_cell.py"
+        path = Path(tmp) / f"{exercise_id.replace('-', '_')}_cell.py"
         path.write_text(cell)
-        return grade(parts[0], path, seed=seed)
+        result = grade(exercise_id, path, seed=seed, save=False)
+        result.file = CELL
+        for case in result.cases:  # a message that quotes the path speaks of the cell instead
+            case.message = case.message.replace(str(path.resolve()), CELL).replace(str(path), CELL)
+    progress.record(result)
+    return result
 
 
 def register(ipython) -> None:
-    ipython.register_magic_function(_judge_cell, magic_kind="cell", magic_name="judge")
+    ipython.register_magic_function(judge_cell, magic_kind="cell", magic_name="judge")
 
 
 def load_ipython_extension(ipython) -> None:  # `%load_ext judge`

@@ -65,3 +65,36 @@ def test_graphs_make_small_batch_decode_faster():
     results = decode.main(["--batch-sizes", "1", "--input-len", "64", "--steps", "32"])
     by_graph = {r.cuda_graph: r.tpot_s for r in results}
     assert by_graph[True] < by_graph[False]
+
+
+def test_cpu_benchmark_compares_both_workloads_with_transformers(models_dir):
+    from minisgl.benchmark import cpu
+
+    model = str(models_dir / "tiny-llama")
+    results = cpu.main(["--model", model, "--prefill-len", "300", "--chat-prompts", "3", "--chat-tokens", "5", "--repeats", "1", "--threads", "1"])
+    prefill, chat = results
+    assert prefill.same == "same next token"
+    assert chat.same == "3/3 requests token-equal"
+    assert all(r.engine_s > 0 and r.hf_s > 0 and math.isfinite(r.speedup) for r in results)
+
+
+def test_cpu_attention_hands_sdpa_a_batch_dimension(models_dir, monkeypatch):
+    """3-D inputs send SDPA to its quadratic math path on the CPU; 4-D ones to the fused kernel."""
+    import torch.nn.functional as F
+
+    from minisgl.attention import torch_backend
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    dims = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        dims.append(q.dim())
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch_backend.F, "scaled_dot_product_attention", spy)
+    llm = LLM(str(models_dir / "tiny-llama"), device="cpu", dtype="float32")
+    llm.generate([list(range(5, 40))], SamplingParams(max_tokens=3))
+    llm.shutdown()
+    assert dims and set(dims) == {4}

@@ -3,7 +3,6 @@ loops, runs out of memory, mutates its inputs or reaches for the reference."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 import textwrap
@@ -144,7 +143,8 @@ def test_reference_is_recomputed_on_another_machine(monkeypatch: pytest.MonkeyPa
 def test_cell_magic_grades_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
-    grade_module = importlib.import_module("judge.grade")  # the package's `grade` is the function
+    from judge import progress
+
     monkeypatch.setattr(registry, "STATE_DIR", tmp_path)  # the magic saves the last result
 
     import judge
@@ -153,7 +153,8 @@ def test_cell_magic_grades_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     judge.load_ipython_extension(shell)
     result = shell.run_cell_magic("judge", "req-lengths --seed 4", SOLUTION.read_text())
     assert isinstance(result, GradeResult) and result.ok
-    assert grade_module.last_results()["req-lengths"]["passed"] == result.total
+    assert result.file == "this cell" and "this cell" in str(result) and "judge-cell" not in str(result)
+    assert progress.load()["req-lengths"].latest.passed == result.total
 
 
 # ---- commands --------------------------------------------------------------------------------

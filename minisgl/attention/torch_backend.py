@@ -55,16 +55,19 @@ class TorchAttnBackend(BaseAttnBackend):
         for i, (start, cached, kv_len) in enumerate(zip(meta.q_starts, meta.cached_lens, meta.kv_lens)):
             n = kv_len - cached
             slots = meta.kv_slots[i, :kv_len]
-            qi = q[start : start + n].transpose(0, 1)  # [heads, n, dim]
-            ki = k_all[slots].transpose(0, 1)  # [kv_heads, kv_len, dim]
-            vi = v_all[slots].transpose(0, 1)
+            # 4-D [1, heads, len, dim]: with a batch dimension SDPA takes its fused (flash) kernel
+            # on the CPU too; 3-D inputs fall back to the math path, which materialises the
+            # [heads, n, kv_len] score matrix (7x slower at 4k tokens)
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)
+            ki = k_all[slots].transpose(0, 1).unsqueeze(0)
+            vi = v_all[slots].transpose(0, 1).unsqueeze(0)
             if cached == 0:
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
             else:
                 # query i sits at position cached + i and sees keys 0..cached + i
                 allowed = torch.arange(kv_len, device=q.device)[None, :] <= (cached + torch.arange(n, device=q.device))[:, None]
                 oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, enable_gqa=True)
-            out[start : start + n] = oi.transpose(0, 1)
+            out[start : start + n] = oi[0].transpose(0, 1)
         return out
 
     @staticmethod

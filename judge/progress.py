@@ -1,0 +1,83 @@
+"""The judge's record of the learner's gradings (.judge/results.json): per exercise the latest
+result and the best one, which `judge.py list` and the index notebook both read."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from . import registry
+from .result import GradeResult
+
+
+@dataclass(frozen=True)
+class Attempt:
+    passed: int
+    total: int
+    file: str  # "work/req-lengths.py" or "this cell"
+    when: str  # "2026-12-01 09:30", local time
+
+    @property
+    def ok(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+    def rank(self) -> tuple:
+        return (self.ok, self.passed / self.total if self.total else 0.0, self.passed)
+
+    def __str__(self) -> str:
+        return f"{self.passed}/{self.total} ({self.when})"
+
+
+@dataclass(frozen=True)
+class Progress:
+    best: Attempt
+    latest: Attempt
+
+    def __str__(self) -> str:
+        if self.latest == self.best:
+            return str(self.best)
+        return f"best {self.best}, latest {self.latest}"
+
+
+def path() -> Path:
+    return registry.STATE_DIR / "results.json"
+
+
+def _attempt(raw: dict) -> Attempt:
+    return Attempt(int(raw["passed"]), int(raw["total"]), str(raw.get("file", "")), str(raw.get("when", "")))
+
+
+def load() -> Dict[str, Progress]:
+    """Every exercise graded so far. A missing or unreadable record reads as no gradings yet."""
+    try:
+        state = json.loads(path().read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    out: Dict[str, Progress] = {}
+    for ex_id, raw in state.items():
+        try:
+            if "latest" in raw:
+                out[ex_id] = Progress(best=_attempt(raw["best"]), latest=_attempt(raw["latest"]))
+            else:  # the record's first layout kept only the last result
+                out[ex_id] = Progress(best=_attempt(raw), latest=_attempt(raw))
+        except (KeyError, TypeError, ValueError):
+            continue  # a hand-edited entry that makes no sense is ignored, not fatal
+    return out
+
+
+def record(result: GradeResult, when: Optional[str] = None) -> Progress:
+    """Add one grading: it becomes the latest, and the best unless an earlier one passed more."""
+    now = Attempt(result.passed, result.total, result.file, when or time.strftime("%Y-%m-%d %H:%M"))
+    state = load()
+    old = state.get(result.exercise)
+    best = now if old is None or now.rank() >= old.best.rank() else old.best
+    state[result.exercise] = Progress(best=best, latest=now)
+    target = path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: asdict(v) for k, v in state.items()}, indent=1, sort_keys=True))
+    tmp.replace(target)  # a grading killed mid-write never leaves half a record
+    return state[result.exercise]

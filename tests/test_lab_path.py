@@ -1,0 +1,128 @@
+"""The learner's path in a notebook: a chapter's set-up registers `%%judge`, grading a cell says
+"this cell", and the judge's record keeps the best result beside the latest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from judge import progress, registry
+from judge.result import CaseResult, GradeResult
+
+REPO = Path(__file__).resolve().parents[1]
+EX = REPO / "exercises" / "req-lengths"
+
+
+def _result(passed: int, total: int = 4, file: str = "work/req-lengths.py") -> GradeResult:
+    cases = [CaseResult(f"case {i}", "unit", "pass" if i < passed else "fail") for i in range(total)]
+    return GradeResult("req-lengths", file, "cpu", cases)
+
+
+def test_record_keeps_best_beside_latest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path)
+    assert progress.load() == {}
+    progress.record(_result(2), when="d1")
+    progress.record(_result(4), when="d2")
+    p = progress.record(_result(1, file="this cell"), when="d3")
+    assert p.best == progress.Attempt(4, 4, "work/req-lengths.py", "d2") and p.best.ok
+    assert p.latest == progress.Attempt(1, 4, "this cell", "d3") and not p.latest.ok
+    assert progress.load()["req-lengths"] == p  # what the index and `judge.py list` read back
+    assert str(p) == "best 4/4 (d2), latest 1/4 (d3)"
+    progress.record(_result(4), when="d4")  # an equal score is the newer best
+    assert progress.load()["req-lengths"].best.when == "d4"
+
+
+def test_record_reads_the_first_layout_and_survives_garbage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({
+        "req-lengths": {"passed": 3, "total": 4, "file": "work/req-lengths.py", "when": "old"},
+        "paged-alloc": {"passed": "many"},
+    }))
+    state = progress.load()
+    assert set(state) == {"req-lengths"} and state["req-lengths"].best == state["req-lengths"].latest
+    (tmp_path / "results.json").write_text("{not json")
+    assert progress.load() == {}
+
+
+def test_list_shows_best_and_latest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from judge import cli
+
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(registry, "WORK_DIR", tmp_path / "work")
+    progress.record(_result(4), when="2026-01-02 10:00")
+    progress.record(_result(1), when="2026-01-02 10:05")
+    assert cli.main(["list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("req-lengths "))
+    assert "4/4 (2026-01-02 10:00)" in row and "1/4 (2026-01-02 10:05)" in row
+    assert row.index("4/4") < row.index("1/4")  # best first, latest beside it
+
+
+def test_chapter_setup_registers_judge_and_names_the_cell(tmp_path: Path) -> None:
+    """In a fresh IPython: no `import judge`, only the chapter's set-up, then a `%%judge` cell."""
+    wrong = (EX / "wrong" / "chunk_off_by_one.py").read_text()
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from IPython.core.interactiveshell import InteractiveShell
+        shell = InteractiveShell.instance()
+        assert "judge" not in shell.magics_manager.magics["cell"]
+        shell.run_cell("import book\\nbook.setup_chapter(1, quiet=True)").raise_error()
+        print("registered:", "judge" in shell.magics_manager.magics["cell"])
+        import judge.registry as registry
+        registry.STATE_DIR = Path({str(tmp_path)!r})
+        body = {wrong!r}
+        shell.run_cell("%%judge req-lengths --seed 5\\n" + body).raise_error()
+        result = shell.user_ns["_"]
+        print("RESULT", result.passed, result.total)
+        print(str(result))
+        bad = shell.run_cell("%%judge no-such-exercise\\npass\\n")
+        print("unknown id raises", type(bad.error_in_exec).__name__)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO / "chapters", capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "registered: True" in text
+    assert "req-lengths: grading this cell" in text
+    passed, total = map(int, text.split("RESULT ")[1].split()[:2])
+    assert 0 < total and passed < total  # the wrong variant fails some case
+    assert "judge-cell" not in text and "/tmp" not in text  # no temporary file name
+    assert "unknown id raises UsageError" in text and "known exercises" in out.stdout + out.stderr
+    record = json.loads((tmp_path / "results.json").read_text())["req-lengths"]
+    assert record["latest"]["file"] == "this cell" and record["latest"]["passed"] == passed
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _widget_cells(nb):
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))]
+
+
+def test_saved_widget_views_have_their_state_and_say_when_they_come_alive() -> None:
+    """A saved view renders only if the notebook stores its widgets' state; the text before it
+    tells the reader the controls work once the cells have run."""
+    import nbformat
+
+    seen = 0
+    for path in sorted((REPO / "chapters").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        cells = _widget_cells(nb)
+        if not cells:
+            continue
+        state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+        for i in cells:
+            seen += 1
+            for out in nb.cells[i].outputs:
+                view = out.get("data", {}).get(WIDGET_VIEW)
+                if view:
+                    assert view["model_id"] in state, f"{path.name} cell {i}: its widget state was not saved"
+            before = next(c.source for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
+            assert "come alive when" in before, f"{path.name} cell {i}: say that the controls come alive when the cells run"
+    assert seen >= 3  # chapters 1, 4 and 9 have one each
