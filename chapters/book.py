@@ -72,7 +72,8 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     if not quiet:
         total, new, _ = stages.summary(n)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}")
+        weights = "" if real_weights() else f"; {default_model_path().name} has random weights: its text is gibberish"
+        print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}{weights}")
     return stage
 
 
@@ -232,6 +233,18 @@ def default_model_path() -> Path:
     return Path(override) if override else REPO / "models" / "smollm2-135m-instruct"
 
 
+def real_weights() -> bool:
+    """False when the default model was built with random weights (`prepare_models.py
+    --random-weights`, for machines without the SmolLM2 package): everything runs, the text is noise."""
+    import json
+
+    try:
+        marker = json.loads((default_model_path() / ".prepared.json").read_text())
+    except (OSError, ValueError):
+        return True  # a checkpoint the user brought: nothing says otherwise
+    return not marker.get("random_weights", False)
+
+
 def model_path(name: str) -> Path:
     """A prepared model by folder name, e.g. "tiny-llama"."""
     path = REPO / "models" / name
@@ -264,7 +277,7 @@ small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------
-# the chapter index
+# the chapter index (the tables themselves are built by chapters/contents.py)
 
 STAGES_OF_THE_BOOK = {0: "Overview", 1: "Stage 1 · computing correctly", 7: "Stage 2 · scheduling well",
                       12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger"}
@@ -292,25 +305,3 @@ ONE_LINERS = {
     20: "mixture-of-experts layers: routing, aligned blocks, fused experts",
     21: "throughput and latency benchmarks, and the memory-bandwidth floor",
 }
-
-
-def chapter_table():
-    """The chapters as a Markdown table, linking the notebooks that exist."""
-    import json
-
-    from IPython.display import Markdown
-
-    here = Path(__file__).resolve().parent
-    found = {int(p.name[:2]): p for p in here.glob("[0-9][0-9]_*.ipynb")}
-    lines = ["| | Chapter | What you build |", "|---|---|---|"]
-    for n in range(max(max(found, default=0), max(ONE_LINERS)) + 1):
-        if n in STAGES_OF_THE_BOOK:
-            lines.append(f"| | **{STAGES_OF_THE_BOOK[n]}** | |")
-        if n in found:
-            first = json.loads(found[n].read_text())["cells"][0]["source"]
-            title = ("".join(first) if isinstance(first, list) else first).splitlines()[0].lstrip("# ")
-            title = title.split("·", 1)[-1].strip()
-            lines.append(f"| {n} | [{title}]({found[n].name}) | {ONE_LINERS.get(n, '')} |")
-        elif n in ONE_LINERS:
-            lines.append(f"| {n} | *(not written yet)* | {ONE_LINERS[n]} |")
-    return Markdown("\n".join(lines))

@@ -162,7 +162,7 @@ def loop_timeline(turns: Sequence[Dict[str, Any]], title: str = ""):
         ax.text(x, -0.95, "wait" if t["timeout_s"] else "peek", ha="center", fontsize=6.5, color="#888")
     ax.set_yticks(range(len(uids)), [f"request {u}" for u in uids], fontsize=8)
     ax.set_xticks(range(len(turns)), [str(i) for i in range(len(turns))], fontsize=7)
-    ax.set_xlim(-0.7, len(turns) - 0.3), ax.set_ylim(-1.1, len(uids) + 1.3)
+    ax.set_xlim(-0.7, len(turns) + 0.7), ax.set_ylim(-1.1, len(uids) + 1.6)
     ax.set_xlabel("turn of the loop (received above; 'wait' = blocked in receive, 'peek' = timeout 0)")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

@@ -17,12 +17,23 @@ GREY, LIGHT = "#bab0ac", "#eeeeee"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def running_on(what: str) -> str:
-    """The line every GPU chapter prints so a reader knows which path ran."""
+def running_on(what: str, on_gpu: Optional[str] = None) -> str:
+    """The line every GPU chapter prints so a reader knows which path ran: `what` describes the
+    CPU path, `on_gpu` (default: the same text) the path taken where CUDA is present."""
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return f"running on {device}: {what}"
+    if torch.cuda.is_available():
+        return f"running on cuda ({torch.cuda.get_device_name()}): {on_gpu or what}"
+    return f"running on cpu: {what}"
+
+
+def flashinfer_ready() -> bool:
+    """CUDA present and the flashinfer package installed (`pip install minisgl[gpu]`)."""
+    import importlib.util
+
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None
 
 
 # ---- chapter 16: tensor parallelism ------------------------------------------------------------
@@ -67,6 +78,29 @@ def tp_mlp_figure(ranks: int = 2):
     ax.axis("off")
     fig.tight_layout()
     return fig
+
+
+def tp_device(ranks: int) -> str:
+    """Where a `ranks`-way tensor-parallel demo runs: one GPU per rank, or else every rank on the
+    CPU (gloo all-reduces), since two ranks cannot share one GPU's NCCL communicator."""
+    import torch
+
+    return "cuda" if torch.cuda.device_count() >= ranks else "cpu"
+
+
+def tp_note(ranks: int) -> str:
+    """Says where the ranks of a `ranks`-way demo run, and why."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus >= ranks:
+        return (f"running on cuda: rank 0 on cuda:0 is this process, ranks 1..{ranks - 1} spawned ones on "
+                f"cuda:1..{ranks - 1}; NCCL all-reduces")
+    what = "rank 0 is this process, rank 1 a spawned one; gloo all-reduces"
+    if gpus == 0:
+        return f"running on cpu: {what}"
+    return (f"running on cpu: tensor parallelism over {ranks} ranks needs {ranks} GPUs and this machine has "
+            f"{gpus}, so every rank runs on the CPU ({what})")
 
 
 def shard_table(models: Dict[str, object], names: Sequence[str]) -> str:
@@ -214,7 +248,7 @@ def blockwise_moe(x, w13, w2, topk_weights, topk_ids, aligned):
     from minisgl.layers.activation import silu_and_mul
 
     top_k, rows, bs = topk_ids.shape[1], topk_ids.numel(), aligned.block_size
-    out_rows = torch.zeros(rows, x.shape[1], dtype=x.dtype)
+    out_rows = torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device)
     flat_w = topk_weights.flatten()
     for b in range(int(aligned.num_padded) // bs):
         e = int(aligned.expert_ids[b])
@@ -246,3 +280,149 @@ def aligned_figure(aligned, num_rows: int, title: str = ""):
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ---- on a GPU: the real thing beside the CPU stand-ins -----------------------------------------
+_NEEDS_FLASHINFER = "not run here: it needs CUDA and the flashinfer package (pip install -e '.[gpu]')"
+_GPU_PROMPTS = [[1, 504, 3458, 282], [9, 8, 7, 6, 5, 4], [600, 601], [42] * 11]
+
+
+def _generate_timed(llm, prompts, max_tokens: int):
+    """Greedy token ids of `prompts` and the seconds of a second (warm) run: the first run pays
+    for kernel compilation and graph capture."""
+    import time
+
+    import torch
+    from minisgl.core import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    tokens = [o.token_ids for o in llm.generate(prompts, params)]
+    torch.cuda.synchronize()
+    return tokens, time.perf_counter() - start
+
+
+def _agreement(a, b) -> str:
+    same = sum(x == y for ta, tb in zip(a, b) for x, y in zip(ta, tb))
+    return f"{same}/{sum(len(t) for t in a)} tokens agree, {sum(ta == tb for ta, tb in zip(a, b))}/{len(a)} requests identical"
+
+
+def _gpu_llm(**kw):
+    from book import default_model_path
+    from minisgl.llm import LLM
+
+    return LLM(str(default_model_path()), max_running_reqs=8, max_seq_len=256, **kw)
+
+
+def flashinfer_against_torch(max_tokens: int = 16) -> str:
+    """On CUDA with FlashInfer: the default model (SmolLM2-135M: bfloat16, head_dim 64) generates
+    the same greedy requests with the FlashInfer backend and with the torch backend (both eager).
+    The two round differently in bfloat16, so a near-tie may flip a token and the rest of that
+    request then differs; elsewhere, says why nothing ran."""
+    if not flashinfer_ready():
+        return _NEEDS_FLASHINFER
+    import torch
+
+    runs = {}
+    for backend in ("flashinfer", "torch"):
+        llm = _gpu_llm(attention_backend=backend, use_cuda_graph=False)
+        name = type(llm.engine.attn_backend).__name__
+        runs[backend] = (*_generate_timed(llm, _GPU_PROMPTS, max_tokens), name)
+        del llm
+        torch.cuda.empty_cache()
+    (fi, fi_s, fi_name), (tb, tb_s, tb_name) = runs["flashinfer"], runs["torch"]
+    return (f"running on cuda, bfloat16: {fi_name} {fi_s * 1e3:.0f} ms, {tb_name} {tb_s * 1e3:.0f} ms for "
+            f"{len(_GPU_PROMPTS)} requests x {max_tokens} tokens; {_agreement(fi, tb)}")
+
+
+def cuda_graphs_against_eager(max_tokens: int = 16) -> str:
+    """On CUDA with FlashInfer: the default model generates the same greedy requests with decode
+    steps replayed from real CUDA graphs and eagerly; the graphs run the same kernels on the same
+    buffers, so the tokens must be identical. Elsewhere, says why nothing ran."""
+    if not flashinfer_ready():
+        return _NEEDS_FLASHINFER
+    import torch
+
+    runs = {}
+    for graphs in (True, False):
+        llm = _gpu_llm(use_cuda_graph=graphs)
+        runner = llm.engine.graph_runner
+        captured = sorted(runner.graphs) if runner is not None else []
+        runs[graphs] = (*_generate_timed(llm, _GPU_PROMPTS, max_tokens), captured)
+        del llm, runner
+        torch.cuda.empty_cache()
+    (g, g_s, sizes), (e, e_s, _) = runs[True], runs[False]
+    return (f"running on cuda: {len(sizes)} CUDA graphs captured (batch sizes {sizes}); "
+            f"graphs {g_s * 1e3:.0f} ms, eager {e_s * 1e3:.0f} ms for {len(_GPU_PROMPTS)} requests x {max_tokens} tokens; "
+            f"same tokens: {g == e}")
+
+
+def triton_moe_against_torch(x, w13, w2, topk_weights, topk_ids) -> str:
+    """On CUDA: the Triton fused-MoE kernel against the loop over experts (float64 reference),
+    in float32 and bfloat16; elsewhere, says why nothing ran."""
+    import torch
+
+    from minisgl.moe import moe_forward_torch
+
+    if not torch.cuda.is_available():
+        return "not run here: the Triton kernel needs CUDA"
+    from minisgl.moe.triton_moe import fused_moe
+
+    dev = torch.device("cuda")
+    args = [t.to(dev) for t in (x, w13, w2, topk_weights)]
+    ids = topk_ids.to(dev)
+    want = moe_forward_torch(*[t.double() for t in args[:3]], args[3].double(), ids)
+    parts = []
+    for dtype in (torch.float32, torch.bfloat16):
+        xs, a, b, w = (t.to(dtype) for t in args)
+        got = fused_moe(xs, a, b, w, ids).double()
+        parts.append(f"{str(dtype).removeprefix('torch.')} relative error {((got - want).abs().max() / want.abs().max()).item():.1e}")
+    return "running on cuda: Triton fused_moe against the loop over experts: " + ", ".join(parts)
+
+
+def kernels_against_fallbacks(tokens: int = 37) -> str:
+    """On CUDA with Triton: every kernel of `minisgl.kernel` against its PyTorch fallback on the
+    same random CUDA inputs, in bfloat16 with SmolLM2-135M's shapes (hidden 576, 9 query and 3 KV
+    heads of 64); the value is the largest difference (0 means bit for bit). Elsewhere, says why."""
+    import torch
+
+    from minisgl import kernel as K
+
+    if not (torch.cuda.is_available() and K.triton_available()):
+        return "not run here: the Triton kernels need CUDA (and Triton)"
+    dev, bf = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device=dev).to(bf)  # noqa: E731
+    x, res, w = rand(tokens, 576), rand(tokens, 576), rand(576)
+    qkv = rand(tokens, (9 + 3 + 3) * 64)
+    q, k, v = qkv[:, : 9 * 64].reshape(tokens, 9, 64), qkv[:, 9 * 64 : 12 * 64].reshape(tokens, 3, 64), qkv[:, 12 * 64 :].reshape(tokens, 3, 64)
+    pos = torch.randperm(1024, generator=g, device=dev)[:tokens]
+    angles = torch.rand(1024, 32, generator=g, device=dev) * 6.3
+    angles = torch.cat([angles, angles], dim=-1)  # a rotary cache repeats its frequencies in both halves
+    cos, sin = angles.cos(), angles.sin()
+    slots = torch.randperm(512, generator=g, device=dev)[:tokens].to(torch.int32)
+
+    def diff(a, b) -> float:
+        pairs = zip(a, b) if isinstance(a, tuple) else [(a, b)]
+        return max((p.float() - r.float()).abs().max().item() for p, r in pairs)
+
+    def stored(fn):
+        caches = torch.zeros(2, 512, 3, 64, dtype=bf, device=dev)
+        fn(k, v, caches[0], caches[1], slots)  # v is strided, as it comes out of qkv_proj
+        return caches[0], caches[1]
+
+    table = torch.randint(0, 4096, (6, 256), generator=g, device=dev, dtype=torch.int32)
+    rows = torch.tensor([4, 0, 5], device=dev)
+    indptr = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=dev)
+    checks = {
+        "rmsnorm": diff(K.rmsnorm(x, w, 1e-5), K.rmsnorm_ref(x, w, 1e-5)),
+        "fused_add_rmsnorm": diff(K.fused_add_rmsnorm(x, res, w, 1e-5), K.fused_add_rmsnorm_ref(x, res, w, 1e-5)),
+        "silu_and_mul": diff(K.silu_and_mul(qkv[:, :1152]), K.silu_and_mul_ref(qkv[:, :1152])),
+        "apply_rope": diff(K.apply_rope(pos, q.contiguous(), k.contiguous(), cos, sin), K.apply_rope_ref(pos, q.contiguous(), k.contiguous(), cos, sin)),
+        "store_kv": diff(stored(K.store_kv), stored(K.store_kv_ref)),
+        "gather_page_indices": diff(K.gather_page_indices(table, rows, indptr, 4, 7, max_pages=4), K.gather_page_indices_ref(table, rows, indptr, 4, 7)),
+    }
+    return "running on cuda, Triton against the PyTorch fallback (largest difference):\n" + "\n".join(
+        f"  {name:<20} {d:.3g}" + ("  (bit for bit)" if d == 0 else "") for name, d in checks.items())

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .grade import grade
 from .magic import load_ipython_extension
-from .result import CaseResult, GradeResult
+from .result import CaseResult, GradeResult, Status
 
-__all__ = ["grade", "GradeResult", "CaseResult", "load_ipython_extension"]
+__all__ = ["grade", "GradeResult", "CaseResult", "Status", "load_ipython_extension"]
 
 
 def _register_magic() -> None:

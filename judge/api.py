@@ -58,6 +58,10 @@ class Exercise:
     unit_timeout_s: float = 20.0
     e2e_timeout_s: float = 180.0
     memory_limit_gb: float = 6.0
+    # A piece on the engine's hot path: a passing grade reports the time spent inside these
+    # replaced symbols against the engine's own, over `timing_cases` (default: the fixed unit cases).
+    timed: Tuple[str, ...] = ()
+    timing_cases: Tuple[str, ...] = ()
     cases: List[Case] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -65,6 +69,19 @@ class Exercise:
             raise ValueError(f"{self.id}: difficulty is 1, 2 or 3, got {self.difficulty}")
         if not self.replaces:
             raise ValueError(f"{self.id}: an exercise replaces at least one engine symbol")
+        names = {r.qualname for r in self.replaces if not r.optional}
+        for q in self.timed:
+            if q not in names:
+                raise ValueError(f"{self.id}: timed symbol {q!r} is not one of the required replaced symbols {sorted(names)}")
+
+    def cases_for_timing(self) -> List[Case]:
+        if self.timing_cases:
+            by_key = {c.key: c for c in self.cases}
+            missing = [k for k in self.timing_cases if k not in by_key]
+            if missing:
+                raise ValueError(f"{self.id}: timing_cases names unknown cases {missing}")
+            return [by_key[k] for k in self.timing_cases]
+        return [c for c in self.cases if c.kind == UNIT and not c.seeds]
 
     def timeout_for(self, case: Case) -> float:
         if case.timeout_s is not None:

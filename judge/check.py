@@ -11,8 +11,8 @@ from typing import List, Optional
 
 from . import reference, registry
 from .compare import first_difference
-from .grade import current_fingerprint, cuda_available, default_threads, expected_from, plan, verdicts
-from .runner import run_cases
+from .grade import Settings, current_fingerprint, cuda_available, default_threads, expected_from, plan, run_file, run_reference, verdicts
+from .result import Status
 
 CHECK_SEED = 20261130  # check draws the same seeds every time, so a failure can be replayed
 
@@ -49,17 +49,16 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
         if c.hint is not None and not 1 <= c.hint <= hint_count:
             out.problems.append(f"case {c.key} points at hint {c.hint}, hints.md has {hint_count}")
     jobs = plan(ex, CHECK_SEED)
-    use_cuda = cuda_available()
-    kw = dict(memory_limit_gb=ex.memory_limit_gb, threads=default_threads(parallel), use_cuda=use_cuda)
-    ref = run_cases(exercise_id, None, jobs, **kw)
-    expected, broken = expected_from(ref, jobs)
-    if ref.fatal or broken:
-        why = ref.fatal["error"] if ref.fatal else "; ".join(f"{b}: {ref.results.get(b, {}).get('error', 'no result')}" for b in broken)
+    settings = Settings(ex.memory_limit_gb, default_threads(parallel), cuda_available())
+    ref = run_reference(ex, jobs, settings)
+    expected = expected_from(jobs, ref)
+    if ref.fatal or expected.broken:
+        why = ref.fatal["error"] if ref.fatal else "; ".join(f"{b}: {e}" for b, e in expected.broken.items())
         out.problems.append(f"the reference engine fails its own cases: {why}")
         out.seconds = time.perf_counter() - t0
         return out
     fp = ref.fingerprint
-    fixed = {j.key: expected[j.id] for j in jobs if j.seed is None}
+    fixed = {j.key: expected.obs[j.id] for j in jobs if j.seed is None}
     recorded = reference.load(exercise_id)
     if record:
         reference.save(exercise_id, fp, fixed)
@@ -82,8 +81,8 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
             continue
         must_pass = cand.name == "solution.py"
         # a variant only has to fail once: stop at its first non-passing case
-        got = run_cases(exercise_id, cand, jobs, on_done=_stop_on_difference(expected) if not must_pass else None, **kw)
-        results = [r for r in verdicts(ex, jobs, expected, ref, got) if not (r.status == "error" and r.message.startswith("not run (grading"))]
+        got = run_file(ex, cand, jobs, settings, stop_at_first_failure=None if must_pass else expected)
+        results = [r for r in verdicts(ex, jobs, expected, got) if r.status is not Status.NOT_RUN or got.fatal is not None]
         bad = [r for r in results if not r.passed]
         rel = cand.relative_to(d)
         if must_pass and bad:
@@ -97,16 +96,6 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
             out.lines.append(f"{rel}: {what}")
     out.seconds = time.perf_counter() - t0
     return out
-
-
-def _stop_on_difference(expected):
-    def on_done(case_id: str, event) -> Optional[bool]:
-        if event["status"] != "ok":
-            return True
-        exp = expected.get(case_id)
-        return exp is not None and first_difference(event["obs"], exp) is not None
-
-    return on_done
 
 
 def check(exercise_ids: Optional[List[str]] = None, jobs: int = 2, record: bool = False, echo=print) -> bool:

@@ -23,15 +23,19 @@ def cmd_list(_: argparse.Namespace) -> int:
     from . import progress
 
     record = progress.load()
-    print(f"{'exercise':<18} {'ch':>3} {'diff':<5} {'best':<20} {'latest':<20} title")
+    rows = []
     for ex in sorted((registry.load(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
         p = record.get(ex.id)
         if p is not None:
             best, latest = str(p.best), str(p.latest)
         else:
             best, latest = ("started" if registry.learner_path(ex.id).exists() else "-"), ""
-        print(f"{ex.id:<18} {ex.chapter:>3} {_STARS[ex.difficulty]:<5} {best:<20} {latest:<20} {ex.title}")
-    print("best: your highest score so far; latest: your last grading (from .judge/results.json)")
+        rows.append((ex, best, latest))
+    width = max([len("latest")] + [max(len(b), len(l)) for _, b, l in rows]) + 1
+    print(f"{'exercise':<18} {'ch':>3} {'diff':<5} {'best':<{width}} {'latest':<{width}} title")
+    for ex, best, latest in rows:
+        print(f"{ex.id:<18} {ex.chapter:>3} {_STARS[ex.difficulty]:<5} {best:<{width}} {latest:<{width}} {ex.title}")
+    print("best: your highest score so far; latest: your last grading (both from .judge/results.json)")
     return 0
 
 
@@ -120,3 +124,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (registry.UnknownExerciseError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `judge.py list | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .api import tolerance
 
@@ -14,7 +15,7 @@ class Difference:
     where: str  # the observation's label
     got: str
     expected: str
-    detail: str = ""
+    detail: str = ""  # the differing field by name: "remain_len: got 2, expected 3"
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -22,30 +23,53 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _first_diff(got: Any, exp: Any, path: str = "") -> Optional[str]:
-    """Where inside two plain values they first differ (`[3]`, `.row`), or None if equal."""
+def _first_diff(got: Any, exp: Any, path: str = "") -> Optional[Tuple[str, str]]:
+    """Where inside two plain values they first differ (`[3]`, `.row`) and how, or None if equal."""
     if isinstance(exp, list) and isinstance(got, list):
         for i, (g, e) in enumerate(zip(got, exp)):
             d = _first_diff(g, e, f"{path}[{i}]")
             if d is not None:
                 return d
         if len(got) != len(exp):
-            return f"{path} has length {len(got)}, expected {len(exp)}"
+            return path, f"has length {len(got)}, expected {len(exp)}"
         return None
     if isinstance(exp, dict) and isinstance(got, dict):
         for k in exp:
             if k not in got:
-                return f"{path}.{k} is missing"
+                return f"{path}.{k}", "is missing"
             d = _first_diff(got[k], exp[k], f"{path}.{k}")
             if d is not None:
                 return d
         extra = [k for k in got if k not in exp]
-        return f"{path}.{extra[0]} is not expected" if extra else None
+        return (f"{path}.{extra[0]}", "is not expected") if extra else None
     if type(got) is bool or type(exp) is bool:
         same = type(got) is type(exp) and got == exp
     else:
         same = got == exp
-    return None if same else f"{path or 'value'}: got {_short(got, 60)}, expected {_short(exp, 60)}"
+    return None if same else (path, f"got {_short(got, 60)}, expected {_short(exp, 60)}")
+
+
+_NAME = re.compile(r"^[A-Za-z_][\w.]*(\(\))?$")
+
+
+def _field_names(label: str, n: int) -> Optional[List[str]]:
+    """The names a label gives the items of a recorded tuple: 'step 2: (cached_len, device_len)'
+    names two. None when the label does not list exactly `n` names."""
+    tail = label.rsplit(": ", 1)[-1].strip()
+    if tail.endswith(")") and "(" in tail:  # 'lengths (cached_len, device_len)'
+        tail = tail[tail.rindex("(") + 1: -1]
+    names = [t.strip() for t in tail.split(",")]
+    return names if len(names) == n and all(_NAME.match(t) for t in names) else None
+
+
+def _describe(label: str, value: Any, path: str, how: str) -> str:
+    """'remain_len: got 2, expected 3': the field by its name where the label names it."""
+    m = re.match(r"^\[(\d+)\]", path)
+    if m and isinstance(value, list):
+        names = _field_names(label, len(value))
+        if names is not None:
+            return f"{names[int(m.group(1))]}{path[m.end():]}: {how}"
+    return f"{label}{path}: {how}"
 
 
 def _close(got: Dict[str, Any], exp: Dict[str, Any]) -> Optional[str]:
@@ -80,7 +104,7 @@ def first_difference(got: List[Dict[str, Any]], expected: List[Dict[str, Any]]) 
             continue
         d = _first_diff(g.get("value"), exp.get("value"))
         if d is not None:
-            return Difference(exp["label"], _short(g.get("value")), _short(exp.get("value")), d)
+            return Difference(exp["label"], _short(g.get("value")), _short(exp.get("value")), _describe(exp["label"], exp.get("value"), *d))
     if len(got) > len(expected):
         extra = got[len(expected)]
         return Difference(extra["label"], _short(extra.get("value")), "(nothing: the reference stopped here)")

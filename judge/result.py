@@ -4,18 +4,39 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import List, Optional
 
-VERDICTS = ("pass", "fail", "error", "timeout", "oom", "rejected")
-_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "timeout": "TIMEOUT", "oom": "OUT OF MEMORY", "rejected": "REJECTED"}
-_COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#bc4c00", "timeout": "#8250df", "oom": "#8250df", "rejected": "#cf222e"}
+
+class Status(str, Enum):
+    """A case's verdict. A run that ended early reports ERROR, TIMEOUT, OOM or REJECTED; a run that
+    completed is PASS or FAIL once its observations are compared; NOT_RUN when grading stopped
+    before it (after a load error, or once a wrong variant has failed in `check`)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    REJECTED = "rejected"
+    NOT_RUN = "not run"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+VERDICTS = tuple(Status)
+_MARK = {Status.PASS: "PASS", Status.FAIL: "FAIL", Status.ERROR: "ERROR", Status.TIMEOUT: "TIMEOUT", Status.OOM: "OUT OF MEMORY",
+         Status.REJECTED: "REJECTED", Status.NOT_RUN: "NOT RUN"}
+_COLOR = {Status.PASS: "#1a7f37", Status.FAIL: "#cf222e", Status.ERROR: "#bc4c00", Status.TIMEOUT: "#8250df", Status.OOM: "#8250df",
+          Status.REJECTED: "#cf222e", Status.NOT_RUN: "#57606a"}
 
 
 @dataclass
 class CaseResult:
     name: str  # as the learner reads it ("random queues (seed 1234)")
     kind: str  # "unit" | "e2e"
-    status: str  # one of VERDICTS
+    status: Status
     message: str = ""  # what went wrong, in the case's terms
     where: str = ""  # the first observation that differs
     got: str = ""
@@ -25,11 +46,11 @@ class CaseResult:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        assert self.status in VERDICTS, self.status
+        self.status = Status(self.status)
 
     @property
     def passed(self) -> bool:
-        return self.status == "pass"
+        return self.status is Status.PASS
 
     def lines(self) -> List[str]:
         head = f"[{_MARK[self.status]:>7}] {self.kind:<4} {self.name}  ({self.seconds:.1f} s)"
@@ -51,7 +72,8 @@ class GradeResult:
     device: str
     cases: List[CaseResult] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)  # how the grading was done (device, references)
-    hint_command: str = ""
+    speed: List[str] = field(default_factory=list)  # on a passing grade: the piece's time against the reference's
+    warnings: List[str] = field(default_factory=list)  # files the graded code changed on disk (put back)
 
     @property
     def passed(self) -> int:
@@ -82,10 +104,12 @@ class GradeResult:
     def __str__(self) -> str:
         lines = [f"{self.exercise}: grading {self.file}"]
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  WARNING: {w}" for w in self.warnings]
         for c in self.cases:
             lines += c.lines()
         verdict = "all cases pass" if self.ok else "not yet"
         lines.append(f"score: {self.passed}/{self.total} ({verdict})")
+        lines += [f"speed: {s}" for s in self.speed]
         if not self.ok:
             lines.append(self._hint_line())
         return "\n".join(lines)
@@ -107,11 +131,13 @@ class GradeResult:
                 f"<tr><td style='color:{_COLOR[c.status]};font-weight:bold'>{_MARK[c.status]}</td><td>{c.kind}</td>"
                 f"<td>{html.escape(c.name)}</td><td style='text-align:left'>{detail}</td><td>{c.seconds:.1f} s</td></tr>"
             )
-        color = _COLOR["pass"] if self.ok else _COLOR["fail"]
+        color = _COLOR[Status.PASS] if self.ok else _COLOR[Status.FAIL]
         notes = "".join(f"<div style='color:#57606a'>{html.escape(n)}</div>" for n in self.notes)
+        notes += "".join(f"<div style='color:{_COLOR[Status.FAIL]}'><b>warning:</b> {html.escape(w)}</div>" for w in self.warnings)
+        speed = "".join(f"<div><b>speed:</b> {html.escape(s)}</div>" for s in self.speed)
         hint = "" if self.ok else f"<div>{html.escape(self._hint_line())}</div>"
         return (
             f"<div><b>{html.escape(self.exercise)}</b>: <span style='color:{color};font-weight:bold'>"
             f"{self.passed}/{self.total} cases pass</span>{notes}"
-            f"<table><tr><th>verdict</th><th>kind</th><th>case</th><th>details</th><th>time</th></tr>{''.join(rows)}</table>{hint}</div>"
+            f"<table><tr><th>verdict</th><th>kind</th><th>case</th><th>details</th><th>time</th></tr>{''.join(rows)}</table>{speed}{hint}</div>"
         )

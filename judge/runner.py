@@ -2,7 +2,8 @@
 
 A case that runs past its limit, or a process that grows past the memory limit, is killed; the
 case is marked and the remaining cases continue in a fresh process. The judge itself never runs
-learner code, so nothing the learner writes can hang or crash it.
+learner code, and every process a worker starts is killed with it (`judge.procs`), so nothing
+the learner writes can hang the judge or outlive its verdict.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import resource
+import select
 import signal
 import subprocess
 import sys
@@ -19,15 +20,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
+from . import procs
 from .registry import REPO_ROOT
+from .result import Status
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
 POLL_S = 0.05
-MAX_TIMEOUTS = 2
+TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
+MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
-USE_ZYGOTE = os.environ.get("MINISGL_JUDGE_FORK", "1") != "0"  # after this many cases run out of time, the rest are not run
+USE_ZYGOTE = os.environ.get("MINISGL_JUDGE_FORK", "1") != "0"
 
 
 @dataclass
@@ -44,6 +48,7 @@ class WorkerReport:
     fingerprint: Optional[Dict[str, str]] = None
     skipped: List[str] = field(default_factory=list)  # optional helpers the learner left out
     results: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # case id -> done event
+    timings: Optional[Dict[str, Dict[str, float]]] = None  # a timing run's result (judge.speed)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -57,82 +62,136 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _limit_address_space(limit_bytes: Optional[int]) -> Callable[[], None]:
-    def apply() -> None:
-        if limit_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-
-    return apply
-
-
 class ForkedProc:
-    """A worker forked by the zygote: enough of `subprocess.Popen` for the watch loop."""
+    """A worker started by the fork server, with its keeper: enough of `subprocess.Popen` for the
+    watch loop. Its end is read from the keeper's report or, if the learner's code killed the
+    keeper, from /proc (the worker is then gone, and how it ended is unknown)."""
 
-    def __init__(self, pid: int, rc_path: Path) -> None:
-        self.pid, self._rc_path, self.returncode = pid, rc_path, None
+    def __init__(self, keeper: int, keeper_start: Optional[int], pid: int, start: int, pid_path: Path) -> None:
+        self.keeper, self.keeper_start, self.pid, self.start, self._pid_path = keeper, keeper_start, pid, start, pid_path
+        self.returncode: Optional[int] = None
+        self.lost = False  # ended without its keeper's report
 
     def poll(self) -> Optional[int]:
-        if self.returncode is None and self._rc_path.exists():
-            self.returncode = int(self._rc_path.read_text())
+        if self.returncode is None:
+            lines = self._pid_path.read_text().split("\n") if self._pid_path.exists() else []
+            if len(lines) > 1 and lines[1].strip():
+                self.returncode = int(lines[1])
+            elif not procs.alive(self.pid, self.start):
+                self.returncode, self.lost = 1, True
         return self.returncode
 
-    def wait(self) -> int:
-        while self.poll() is None:
-            time.sleep(POLL_S)
-        return self.returncode
+    def how_it_ended(self) -> str:
+        if self.lost:
+            return "it ended after its supervisor was killed, so its exit status is unknown"
+        code = self.returncode
+        return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+    def kill(self) -> None:
+        """End the worker, its keeper and everything either of them started."""
+        Zygote.forget(self.keeper, self.pid)
+        procs.kill_tree({self.keeper: self.keeper_start, self.pid: self.start}, strays=Zygote.strays)
+        self.poll()
+        if self.returncode is None:
+            self.returncode, self.lost = -signal.SIGKILL, False
 
 
 class Zygote:
-    """One fork server per judge process (CPU only), restarted when engine or judge files change."""
+    """The fork server (one per judge process and mode), restarted when it died or when engine or
+    judge files changed. `fresh` (CUDA): each worker is a new interpreter instead of a fork."""
 
     _lock = threading.Lock()
-    _proc: Optional[subprocess.Popen] = None
-    _stamp: float = 0.0
+    _procs: Dict[bool, subprocess.Popen] = {}
+    _stamps: Dict[bool, float] = {}
+    _running: Dict[int, Optional[int]] = {}  # keepers and workers of running gradings: pid -> start time
+    _dead: Set[int] = set()  # fork servers that died: their orphans are strays
 
     @staticmethod
     def _sources_stamp() -> float:
         files = list((REPO_ROOT / "minisgl").rglob("*.py")) + list((REPO_ROOT / "judge").glob("*.py"))
+        files += list((REPO_ROOT / "exercises").glob("*/cases.py"))
         return max((f.stat().st_mtime for f in files), default=0.0)
 
     @classmethod
-    def _ensure(cls, env) -> subprocess.Popen:
+    def _ensure(cls, env, fresh: bool) -> subprocess.Popen:
         stamp = cls._sources_stamp()
-        if cls._proc is not None and (cls._proc.poll() is not None or stamp != cls._stamp):
-            cls.stop()
-        if cls._proc is None:
-            cls._proc = subprocess.Popen(
-                [sys.executable, "-m", "judge.zygote"], cwd=str(REPO_ROOT), env=env, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        proc = cls._procs.get(fresh)
+        if proc is not None and (proc.poll() is not None or (not fresh and stamp != cls._stamps.get(fresh))):
+            cls._stop(fresh)
+            proc = None
+        if proc is None:
+            procs.set_subreaper()  # if the learner's code kills the fork server, its orphans come here
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "judge.zygote", *(["--exec"] if fresh else [])], cwd=str(REPO_ROOT),
+                env=dict(env, **{procs.MARKER: str(os.getpid())}), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True, start_new_session=True,
             )
-            if cls._proc.stdout.readline().strip() != "ready":
-                cls.stop()
+            ready, _, _ = select.select([proc.stdout], [], [], STARTUP_S)  # never wait on a server that hangs
+            if not ready or proc.stdout.readline().strip() != "ready":
+                cls._procs[fresh] = proc
+                cls._stop(fresh)
                 raise RuntimeError("the grading fork server did not start")
-            cls._stamp = stamp
-        return cls._proc
+            cls._procs[fresh], cls._stamps[fresh] = proc, stamp
+        return proc
 
     @classmethod
-    def spawn(cls, job: Path, err: Path, rlimit_as: Optional[int], env) -> ForkedProc:
-        pid_path, rc_path = job.with_suffix(".pid"), job.with_suffix(".rc")
+    def spawn(cls, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
+        pid_path = job.with_suffix(".pid")
+        with cls._lock:  # a keeper is registered before any sweep can take it for a stray
+            proc = cls._ensure(env, fresh)
+            try:
+                proc.stdin.write(json.dumps({"job": str(job), "err": str(err), "pid": str(pid_path), "rlimit_as": rlimit_as}) + "\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError) as exc:
+                raise RuntimeError("the grading fork server is gone") from exc
+            deadline = time.monotonic() + 60
+            while not (pid_path.exists() and pid_path.read_text().strip()):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the grading fork server did not start a worker")
+                time.sleep(0.005)
+            keeper, pid, start = (int(x) for x in pid_path.read_text().split("\n")[0].split())
+            kp = procs.read(keeper)
+            cls._running[keeper], cls._running[pid] = (kp.start if kp else None), start
+        return ForkedProc(keeper, cls._running[keeper], pid, start, pid_path)
+
+    @classmethod
+    def forget(cls, *pids: int) -> None:
         with cls._lock:
-            proc = cls._ensure(env)
-            proc.stdin.write(json.dumps({"job": str(job), "err": str(err), "pid": str(pid_path), "rc": str(rc_path), "rlimit_as": rlimit_as}) + "\n")
-            proc.stdin.flush()
-        deadline = time.monotonic() + 60
-        while not pid_path.exists():
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the grading fork server did not start a worker")
-            time.sleep(0.01)
-        return ForkedProc(int(pid_path.read_text()), rc_path)
+            for pid in pids:
+                cls._running.pop(pid, None)
+
+    @classmethod
+    def strays(cls, tab: Dict[int, "procs.Proc"]) -> Set[int]:
+        """Processes adopted by the fork server or by the judge that are no running grading's
+        keeper or worker: left behind by learner code that killed its keeper (or fork server)."""
+        with cls._lock:
+            servers = {p.pid for p in cls._procs.values()}
+            parents = servers | cls._dead | {os.getpid()}
+            running = {k for k, start in cls._running.items() if k in tab and (start is None or tab[k].start == start)}
+            out = set()
+            for p in tab.values():
+                if p.ppid in parents and p.pid not in servers and p.pid not in running:
+                    if p.ppid != os.getpid() or procs.marked(p.pid):
+                        out.add(p.pid)
+            return out
+
+    @classmethod
+    def _stop(cls, fresh: bool) -> None:
+        proc = cls._procs.pop(fresh, None)
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        cls._dead.add(proc.pid)
+        procs.kill_tree({proc.pid: None})
+        proc.wait()
 
     @classmethod
     def stop(cls) -> None:
-        if cls._proc is not None:
-            try:
-                os.killpg(cls._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            cls._proc.wait()
-            cls._proc = None
+        for fresh in list(cls._procs):
+            cls._stop(fresh)
 
 
 atexit.register(Zygote.stop)
@@ -145,22 +204,16 @@ def cancel_all() -> None:
     """Stop every running grading (a Ctrl-C in the notebook or terminal): kill the workers."""
     _CANCEL.set()
     for proc in list(_LIVE):
-        _kill(proc)
+        proc.kill()
 
 
 def reset_cancel() -> None:
     _CANCEL.clear()
 
 
-def _kill(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # not yet the leader of its own group
-        try:
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
+def sweep() -> None:
+    """Kill whatever learner code left adopted by the fork server or by the judge."""
+    procs.kill_tree({}, strays=Zygote.strays)
 
 
 def run_cases(
@@ -172,12 +225,15 @@ def run_cases(
     threads: int = 1,
     use_cuda: bool = False,
     on_done: Optional[Callable[[str, Dict[str, Any]], bool]] = None,
+    speed: bool = False,
 ) -> WorkerReport:
     """Run `cases` with `file` installed (None: the reference engine). `on_done(case_id, event)`
-    may return True to stop early (the rest are left out of the report)."""
+    may return True to stop early (the rest are left out of the report). `speed`: instead of
+    reporting each case, time the learner's piece against the engine's over them (`report.timings`)."""
     report = WorkerReport()
     remaining = list(cases)
     limit = int(memory_limit_gb * (1 << 30))
+    fresh = use_cuda or not USE_ZYGOTE
     with tempfile.TemporaryDirectory(prefix="judge-") as tmp:
         attempt = 0
         while remaining:
@@ -187,104 +243,125 @@ def run_cases(
             job_path = Path(tmp) / f"job-{attempt}.json"
             job_path.write_text(json.dumps({
                 "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
-                "threads": threads, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
+                "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
             }))
             out_path.touch()
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-            if use_cuda or not USE_ZYGOTE:
-                with open(err_path, "wb") as err:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "judge.worker", str(job_path)], cwd=str(REPO_ROOT), env=env,
-                        stdout=err, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                        # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
-                        preexec_fn=_limit_address_space(None if use_cuda else limit + (2 << 30)),
-                    )
-            else:
-                proc = Zygote.spawn(job_path, err_path, limit + (2 << 30), env)
+            # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
+            events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
+            try:
+                proc = Zygote.spawn(job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
+            except RuntimeError as exc:
+                events.close()
+                report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}
+                return report
             _LIVE.add(proc)
             try:
-                stop, killed_for = _watch(proc, out_path, remaining, report, limit, on_done)
+                stop, killed_for = _watch(proc, events, remaining, report, limit, on_done, speed)
             finally:
+                proc.kill()  # whatever the run left behind ends with it
                 _LIVE.discard(proc)
+                events.close()
             if _CANCEL.is_set():
                 return report
             err_tail = (err_path.read_bytes()[-1500:].decode(errors="replace").strip() if err_path.exists() else "") or "(none)"
-            if report.fatal is not None or stop:
+            if report.fatal is not None or stop or speed:
+                if speed and report.timings is None and report.fatal is None:
+                    report.fatal = killed_for or {"status": Status.ERROR, "error": f"the timing run ended early ({proc.how_it_ended()}):\n{err_tail}"}
                 return report
             current = next((c for c in remaining if c.id not in report.results), None)
             if current is None:
                 break
             if killed_for is None:  # the process died on its own in the middle of a case
-                code = proc.returncode
-                why = f"killed by signal {-code}" if code and code < 0 else f"exit code {code}"
+                why = proc.how_it_ended()
                 if report.fingerprint is None and current is remaining[0] and not _started(out_path):
-                    report.fatal = {"status": "error", "error": f"the grading process died before running any case ({why}):\n{err_tail}"}
+                    report.fatal = {"status": Status.ERROR, "error": f"the grading process died before running any case ({why}):\n{err_tail}"}
                     return report
-                report.results[current.id] = {"status": "error", "error": f"the grading process died during this case ({why}); its last output:\n{err_tail}", "obs": [], "seconds": 0.0}
+                report.results[current.id] = _ended(Status.ERROR, f"the grading process died during this case ({why}); its last output:\n{err_tail}")
             else:
                 report.results[current.id] = killed_for
             if on_done is not None and on_done(current.id, report.results[current.id]):
                 return report
             remaining = [c for c in remaining if c.id not in report.results]
-            if sum(r["status"] == "timeout" for r in report.results.values()) >= MAX_TIMEOUTS:
+            if sum(r.get("status") == Status.TIMEOUT for r in report.results.values()) >= MAX_TIMEOUTS:
                 for c in remaining:  # an endless loop would cost every case its full limit
-                    report.results[c.id] = {"status": "error", "error": f"not run: {MAX_TIMEOUTS} cases already ran out of time", "obs": [], "seconds": 0.0}
+                    report.results[c.id] = _ended(Status.NOT_RUN, f"not run: {MAX_TIMEOUTS} cases already ran out of time")
                 return report
     return report
 
 
+def _ended(status: Status, error: str, seconds: float = 0.0) -> Dict[str, Any]:
+    """A case's event when its run did not complete."""
+    return {"completed": False, "status": status, "error": error, "obs": [], "seconds": seconds}
+
+
 def _started(out_path: Path) -> bool:
-    return '"event": "start"' in out_path.read_text()
+    try:
+        return '"event": "start"' in out_path.read_text()
+    except FileNotFoundError:
+        return False
 
 
-def _watch(proc, out_path, remaining, report, limit, on_done):
+def _watch(proc, events, remaining, report, limit, on_done, speed=False):
     """Follow the event file until the process ends. Returns (stopped early, result of a kill)."""
     timeouts = {c.id: c.timeout_s for c in remaining}
-    pos = 0
+    speed_limit = sum(timeouts.values()) * 3  # the timing run repeats the cases, twice a round
     buf = ""
     current: Optional[str] = None
     started_at = time.monotonic()
+    polls = 0
     while True:
-        with open(out_path) as f:
-            f.seek(pos)
-            chunk = f.read()
-            pos = f.tell()
+        chunk = events.read()
         buf += chunk
         while "\n" in buf:
             line, buf = buf.split("\n", 1)
-            event = json.loads(line)
-            kind = event.pop("event")
+            try:
+                event = json.loads(line)
+                kind = event.pop("event")
+            except (ValueError, KeyError, AttributeError):
+                continue  # not the worker's: something else wrote to the file
             if kind == "fatal":
+                event["status"] = Status(event["status"])
                 report.fatal = event
             elif kind == "ready":
                 report.fingerprint, report.skipped = event["fingerprint"], event["skipped"]
+                started_at = time.monotonic()
+            elif kind == "speed":
+                report.timings = event["timings"]
+                return False, None
             elif kind == "start":
                 current, started_at = event["case"], time.monotonic()
             elif kind == "done":
+                if event.get("status") is not None:
+                    event["status"] = Status(event["status"])
                 report.results[event.pop("case")] = event
                 finished, current = current, None
                 if on_done is not None and on_done(finished, report.results[finished]):
-                    _kill(proc)
                     return True, None
+        if report.fatal is not None:
+            return False, None
         if proc.poll() is not None and not chunk:
             return False, None
-        if current is None and all(c.id in report.results for c in remaining):
-            _kill(proc)  # every case reported: a thread left running by the learner's code must not keep us
-            return False, None
+        if not speed and current is None and all(c.id in report.results for c in remaining):
+            return False, None  # every case reported: a thread left running by the learner's code must not keep us
         now = time.monotonic()
         if current is None and report.fingerprint is None and now - started_at > STARTUP_S:
-            _kill(proc)
-            report.fatal = {"status": "timeout", "error": f"loading your file took more than {STARTUP_S:.0f} s (does it run something at import time?)"}
+            report.fatal = {"status": Status.TIMEOUT, "error": f"loading your file took more than {STARTUP_S:.0f} s (does it run something at import time?)"}
             return False, None
-        # memory first: a case that is both over memory and slow is slow because of the memory
-        if _rss_bytes(proc.pid) > limit:
-            _kill(proc)
-            result = {"status": "oom", "error": f"used more than {limit / 2**30:.1f} GiB of memory", "obs": [], "seconds": now - started_at}
+        # memory first: a case that is both over memory and slow is slow because of the memory;
+        # about once a second, with what the processes it started use too
+        polls += 1
+        used = _rss_bytes(proc.pid)
+        if polls % TREE_EVERY == 0:
+            used = max(used, procs.tree_memory([proc.pid]))
+        if used > limit:
+            result = _ended(Status.OOM, f"used more than {limit / 2**30:.1f} GiB of memory (with any processes it started)", now - started_at)
             if current is None:
-                report.fatal = dict(result)
+                report.fatal = {k: result[k] for k in ("status", "error")}
                 return False, None
             return False, result
+        if speed and report.fingerprint is not None and now - started_at > speed_limit:
+            return False, {"status": Status.TIMEOUT, "error": f"the timing run took more than {speed_limit:.0f} s"}
         if current is not None and now - started_at > timeouts[current]:
-            _kill(proc)
-            return False, {"status": "timeout", "error": f"no result after {timeouts[current]:.0f} s: an endless loop, or far too slow", "obs": [], "seconds": now - started_at}
+            return False, _ended(Status.TIMEOUT, f"no result after {timeouts[current]:.0f} s: an endless loop, or far too slow", now - started_at)
         time.sleep(POLL_S)

@@ -63,12 +63,14 @@ def format_error(exc: BaseException, learner_file: str | None) -> str:
     return msg + ("\n" + "\n".join(lines) if lines else "")
 
 
-def _status_of(exc: BaseException) -> str:
+def _status_of(exc: BaseException):
+    from judge.result import Status
+
     if type(exc).__name__ == "ReferenceUsedError":
-        return "rejected"
+        return Status.REJECTED
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
-        return "oom"
-    return "error"
+        return Status.OOM
+    return Status.ERROR
 
 
 def _tail(text: str, limit: int = 1500) -> str:
@@ -76,8 +78,18 @@ def _tail(text: str, limit: int = 1500) -> str:
 
 
 def _emit(out: TextIO, **event: Any) -> None:
-    out.write(json.dumps(event) + "\n")
+    out.write(json.dumps(event, default=str) + "\n")
     out.flush()
+
+
+def _run_case(case, item: Dict[str, Any], obs) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    if case.seeds:
+        case.fn(obs, item["seed"])
+    else:
+        case.fn(obs)
 
 
 def main(job_path: str) -> int:
@@ -91,53 +103,57 @@ def main(job_path: str) -> int:
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     from judge import install, registry
     from judge.api import Obs
+    from judge.result import Status
 
     learner_file = os.path.abspath(job["file"]) if job.get("file") else None
+    ex = registry.load(job["exercise"])  # the cases are read before any of the learner's code runs
+    installed = None
     try:
-        ex = registry.load(job["exercise"])
-        skipped: list = []
         if learner_file:
             source = Path(learner_file).read_text()
             findings = install.scan(source, ex.replaces, ex.id)
             if findings:
-                _emit(out, event="fatal", status="rejected", error="your file reaches the engine's own version of the piece it replaces:\n" + "\n".join(f"  {f}" for f in findings))
+                _emit(out, event="fatal", status=Status.REJECTED, error="your file reaches the engine's own version of the piece it replaces:\n" + "\n".join(f"  {f}" for f in findings))
                 return 0
-            install.hide(ex.replaces)
+            hidden = install.hide(ex.replaces)
             before = set(sys.modules)
             learner = install.load_learner(Path(learner_file))
             borrowed = install.exercise_files_loaded(set(sys.modules) - before, learner_file)
             if borrowed:
-                _emit(out, event="fatal", status="rejected", error="your file loads the exercise's own files: " + ", ".join(borrowed))
+                _emit(out, event="fatal", status=Status.REJECTED, error="your file loads the exercise's own files: " + ", ".join(borrowed))
                 return 0
-            skipped = install.transplant(ex.replaces, learner)
+            installed = install.transplant(ex.replaces, learner, hidden)
     except install.MissingPieceError as exc:
-        _emit(out, event="fatal", status="error", error=str(exc))
+        _emit(out, event="fatal", status=Status.ERROR, error=str(exc))
         return 0
     except BaseException as exc:  # the learner's module failed to import
         _emit(out, event="fatal", status=_status_of(exc), error="your file failed to load: " + format_error(exc, learner_file))
         return 0
-    _emit(out, event="ready", fingerprint=fingerprint(), skipped=skipped)
+    _emit(out, event="ready", fingerprint=fingerprint(), skipped=installed.skipped if installed else [])
 
     by_key = {c.key: c for c in ex.cases}
+    if job.get("speed"):
+        if installed is None:
+            raise ValueError("a timing run needs the learner's file")
+        from judge.speed import measure
+
+        _emit(out, event="speed", timings=measure(ex, [(by_key[i["key"]], i) for i in job["cases"]], installed, _run_case))
+        return 0
     for item in job["cases"]:
         case = by_key[item["key"]]
         _emit(out, event="start", case=item["id"])
         obs = Obs()
-        torch.manual_seed(0)
         printed = io.StringIO()  # what the case (the learner's code) prints, shown with its verdict
         t0 = time.perf_counter()
         try:
             with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-                if case.seeds:
-                    case.fn(obs, item["seed"])
-                else:
-                    case.fn(obs)
-            status, error = "ok", ""
+                _run_case(case, item, obs)
+            completed, status, error = True, None, ""
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            status, error = _status_of(exc), format_error(exc, learner_file)
-        _emit(out, event="done", case=item["id"], status=status, error=error, obs=obs.items,
+            completed, status, error = False, _status_of(exc), format_error(exc, learner_file)
+        _emit(out, event="done", case=item["id"], completed=completed, status=status, error=error, obs=obs.items,
               printed=_tail(printed.getvalue()), seconds=time.perf_counter() - t0)
     return 0
 

@@ -1,10 +1,13 @@
-"""A fork server for grading workers on the CPU: import torch and the engine once, then fork one
-worker per job instead of starting a fresh interpreter (which costs seconds each, and `check`
-starts a hundred). Only used without CUDA: a CUDA context does not survive a fork.
+"""The grading fork server: every worker is started by it, and every process a worker starts
+stays below it (see `judge.procs`). On the CPU it imports torch, the engine and every exercise's
+cases once and forks each worker from that state (starting a fresh interpreter costs seconds, and
+`check` starts a hundred); with `--exec` (CUDA: a CUDA context does not survive a fork) each
+worker is a fresh interpreter.
 
-Protocol: the runner writes one JSON line per job to our stdin ({"job", "err", "pid", "rc",
-"rlimit_as"}). For each, a keeper process forks the worker, writes the worker's pid to `pid`,
-waits for it and writes its exit status to `rc` (negative: killed by that signal).
+Protocol: the runner writes one JSON line per job to our stdin ({"job", "err", "pid",
+"rlimit_as"}). For each, a keeper process forks the worker, writes "KEEPER WORKER START" (pids and
+the worker's start time) to `pid`, and waits. When the worker ends, the keeper kills whatever the
+worker left behind and writes its exit status as `pid`'s second line (negative: the signal).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import signal
 import sys
 import traceback
 
+from judge import procs
+
 
 def _preload() -> None:
     import torch  # noqa: F401
@@ -26,19 +31,25 @@ def _preload() -> None:
     import minisgl.kvcache  # noqa: F401
     import minisgl.models  # noqa: F401
     import minisgl.scheduler  # noqa: F401
-    from judge import api, harness, install, registry, worker  # noqa: F401
+    from judge import api, harness, install, registry, speed, worker  # noqa: F401
+
+    for ex_id in registry.exercise_ids():  # the cases are read now, before any learner code runs
+        try:
+            registry.load(ex_id)
+        except Exception:  # a broken cases.py is reported by the worker that needs it
+            pass
 
 
 def _write(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
-    os.replace(tmp, path)  # the runner never sees half a number
+    os.replace(tmp, path)  # the runner never sees half a line
 
 
-def _run_worker(req: dict) -> None:
+def _run_worker(req: dict, fresh: bool) -> None:
     """In the grandchild: become the worker."""
-    os.setsid()  # its own process group, so a kill takes everything it started
+    os.setsid()  # away from the terminal's signals
     if req.get("rlimit_as"):
         resource.setrlimit(resource.RLIMIT_AS, (req["rlimit_as"], req["rlimit_as"]))
     fd = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -46,6 +57,8 @@ def _run_worker(req: dict) -> None:
     os.dup2(fd, 2)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    if fresh:
+        os.execv(sys.executable, [sys.executable, "-m", "judge.worker", req["job"]])
     code = 0
     try:
         from judge import worker
@@ -62,29 +75,42 @@ def _run_worker(req: dict) -> None:
     os._exit(code)
 
 
-def _keep(req: dict) -> None:
-    """In the child: fork the worker, report its pid, wait, report how it ended."""
+def _keep(req: dict, fresh: bool) -> None:
+    """In the child: fork the worker, report its pid, reap what it orphans, report how it ended."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # waitpid needs children reported again
+    procs.set_subreaper()  # the worker's orphans come to us
     pid = os.fork()
     if pid == 0:
-        _run_worker(req)
-    _write(req["pid"], str(pid))
-    _, status = os.waitpid(pid, 0)
+        _run_worker(req, fresh)
+    me = procs.read(pid)
+    _write(req["pid"], f"{os.getpid()} {pid} {me.start if me else 0}\n")
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            status = 0
+            break
+        if done == pid:
+            break
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    _write(req["rc"], str(code))
+    procs.kill_tree({c: None for c in procs.descendants([os.getpid()], procs.table()) if c != os.getpid()})
+    _write(req["pid"], f"{os.getpid()} {pid} {me.start if me else 0}\n{code}\n")
     os._exit(0)
 
 
 def main() -> None:
-    _preload()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped automatically
+    fresh = "--exec" in sys.argv[1:]
+    procs.set_subreaper()  # orphans of a keeper that was killed come to us
+    if not fresh:
+        _preload()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers (and orphans) are reaped automatically
     print("ready", flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue
         req = json.loads(line)
         if os.fork() == 0:
-            _keep(req)
+            _keep(req, fresh)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,18 @@ def test_rmsnorm_ref_matches_the_layer():
     torch.testing.assert_close(K.rmsnorm_ref(x, norm.weight, 1e-6), naive)
 
 
+def test_rope_with_qk_norm_on_the_cpu_is_the_two_layers_in_turn():
+    rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
+    q, k, _ = _qkv(5, 3, 1, 16, torch.float32, "cpu")
+    pos = torch.tensor([0, 1, 7, 33, 63])
+    qn, kn = (RMSNorm(16, 1e-6, dtype=torch.float32, device=torch.device("cpu")) for _ in range(2))
+    qn.weight.copy_(torch.randn(16))
+    kn.weight.copy_(torch.randn(16))
+    got = rope.forward(pos, q, k, (qn, kn))
+    want = rope.forward(pos, qn.forward(q), kn.forward(k))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_rope_ref_rotates_each_pair_by_its_angle():
     rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
     q, k, _ = _qkv(5, 3, 1, 16, torch.float32, "cpu")
@@ -142,6 +154,20 @@ def test_rope_kernel(dtype):
     pos = torch.randint(0, 4096, (50,), device="cuda")
     for got, want in zip(K.apply_rope(pos, q, k, rope._cos, rope._sin), K.apply_rope_ref(pos, q, k, rope._cos, rope._sin)):
         _close(got, want, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_kernel_with_qk_norm_is_norm_then_rope(dtype):
+    """Qwen3's qk-norm folded into the rope launch computes what the two layers compute apart."""
+    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
+    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
+    pos = torch.randint(0, 4096, (50,), device="cuda")
+    wq, wk = torch.randn(128, dtype=dtype, device="cuda"), torch.randn(128, dtype=dtype, device="cuda")
+    got = K.apply_rope(pos, q, k, rope._cos, rope._sin, (wq, wk, 1e-6))
+    want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, wq, 1e-6), K.rmsnorm_ref(k, wk, 1e-6), rope._cos, rope._sin)
+    for g, w in zip(got, want):
+        _close(g, w, dtype)
 
 
 @gpu

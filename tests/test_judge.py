@@ -3,6 +3,8 @@ loops, runs out of memory, mutates its inputs or reaches for the reference."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -104,7 +106,8 @@ def test_mutated_input_fails(tmp_path: Path) -> None:
 def test_reaching_for_the_reference_is_rejected(tmp_path: Path) -> None:
     static = _variant(tmp_path, "static", "        return self.device_len - self.cached_len", "        return super().extend_len")
     result = grade("req-lengths", static, seed=1, save=False)
-    assert {c.status for c in result.cases} == {"rejected"} and "super().extend_len" in result.cases[0].message
+    assert result.cases[0].status == "rejected" and "super().extend_len" in result.cases[0].message
+    assert {c.status for c in result.cases[1:]} == {"not run"}
     sneaky = _variant(tmp_path, "sneaky", "class Req(EngineReq):", "_REF = getattr(EngineReq, 'complete' + '_one')\n\n\nclass Req(EngineReq):")
     sneaky.write_text(sneaky.read_text().replace("        if self.is_chunk:\n", "        if self.is_chunk:\n            return _REF(self)\n"))
     result = grade("req-lengths", sneaky, seed=1, save=False)
@@ -132,9 +135,10 @@ def test_load_errors_are_reported(tmp_path: Path) -> None:
 def test_reference_is_recomputed_on_another_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     from judge import reference
 
+    grade_module = importlib.import_module("judge.grade")
     real = reference.load("req-lengths")
     other = dict(real, fingerprint=dict(real["fingerprint"], device="cuda (a different machine)"))
-    monkeypatch.setattr(reference, "load", lambda _id: other)
+    monkeypatch.setattr(grade_module, "_recorded", lambda *_args: other)
     result = grade("req-lengths", SOLUTION, seed=3, save=False)
     assert result.ok, str(result)
     assert any("recomputed" in n for n in result.notes)
@@ -216,6 +220,19 @@ def test_compare_tolerances_and_paths() -> None:
     assert first_difference([{"label": "x", "kind": "eq", "value": 1}], [{"label": "x", "kind": "eq", "value": True}]) is not None
 
 
+def test_one_status_type_decides_verdicts() -> None:
+    from judge.grade import decide
+    from judge.result import CaseResult, Status
+
+    exp = [{"label": "x", "kind": "eq", "value": 1}]
+    assert decide({"completed": True, "obs": exp}, exp)[0] is Status.PASS
+    assert decide({"completed": True, "obs": [dict(exp[0], value=2)]}, exp)[0] is Status.FAIL
+    assert decide({"completed": False, "status": "timeout", "obs": []}, exp)[0] is Status.TIMEOUT
+    assert decide(None, exp)[0] is Status.NOT_RUN
+    with pytest.raises(ValueError):
+        CaseResult(name="x", kind="unit", status="passed")  # not a verdict
+
+
 def test_every_exercise_is_complete() -> None:
     stage_1_2 = {"req-lengths", "base-op", "weight-stream", "paged-alloc", "attn-metadata", "batched-sampler", "prefill-adder",
                  "cache-req", "radix-cache", "chunk-size", "overlap-loop"}
@@ -227,3 +244,179 @@ def test_every_exercise_is_complete() -> None:
         assert any(c.seeds for c in ex.cases), f"{ex_id}: needs randomised cases"
         assert registry.hints(ex_id), f"{ex_id}: no hints"
         assert (registry.REFERENCE_DIR / f"{ex_id}.json").exists(), f"{ex_id}: no recorded reference"
+
+
+# ---- the learner's class is installed whole, and super() works as in a subclass -------------------
+PREFILL = REPO / "exercises" / "prefill-adder" / "solution.py"
+OVERLAP = REPO / "exercises" / "overlap-loop" / "solution.py"
+
+
+def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
+    old = "        if self.cache.available_pages < self.reserved_pages + need:\n"
+    helper = (
+        "    @staticmethod\n    def _limit() -> int:\n        return 0\n\n"
+        "    def _fits(self, need: int) -> bool:\n        return self.cache.available_pages >= self.reserved_pages + need + self._limit()\n\n"
+        "    def try_admit("
+    )
+    path = _variant(tmp_path, "helpers", old, "        if not self._fits(need):\n", PREFILL)
+    path.write_text(path.read_text().replace("    def try_admit(", helper, 1))
+    result = grade("prefill-adder", path, seed=1, save=False)
+    assert result.ok, str(result)
+
+
+def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
+    # super() reaches the engine's schedule_next_batch (not a replaced symbol), and a helper of ours
+    path = _variant(tmp_path, "supers", "        batch = self.schedule_next_batch()\n",
+                    "        batch = super().schedule_next_batch()\n        assert self._mine() == 7 and super().is_idle in (True, False)\n", OVERLAP)
+    path.write_text(path.read_text().replace("    def process_results(", "    def _mine(self) -> int:\n        return 7\n\n    def process_results(", 1))
+    result = grade("overlap-loop", path, seed=1, save=False)
+    assert result.ok, str(result)
+
+
+# ---- whatever the learner's code does to processes, grading ends and nothing is left behind -----
+def _judge_processes() -> set:
+    from judge import procs
+
+    return {p for p in procs.table() if procs.marked(p)}  # started by this judge process
+
+
+def _left_behind(before: set) -> set:
+    """Processes the grading started that are still alive, beyond the fork servers."""
+    import time
+
+    from judge import procs, runner
+
+    servers = {p.pid for p in runner.Zygote._procs.values()}
+    time.sleep(0.3)
+    return {p for p in _judge_processes() - before - servers if procs.alive(p)}
+
+
+_BODY = "        return self.device_len - self.cached_len"
+
+
+@pytest.mark.parametrize("name, code, expected", [
+    # kills the keeper that started it: the case still ends, with the rest graded
+    ("kills_parent", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
+    # kills the fork server too (its grandparent)
+    ("kills_server", "import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+                     "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
+    # kills every process this judge started but itself: fork server, keepers, the reference's worker
+    ("kills_helpers", "import os, signal\n_tag = ('MINISGL_JUDGE_PROCESS=' + os.environ['MINISGL_JUDGE_PROCESS']).encode()\n"
+                      "for _p in os.listdir('/proc'):\n    try:\n"
+                      "        if _p.isdigit() and int(_p) != os.getpid() and _tag in open(f'/proc/{_p}/environ', 'rb').read().split(b'\\0'):\n"
+                      "            os.kill(int(_p), signal.SIGKILL)\n    except OSError:\n        pass\n", None),
+    # fifty children, each in its own session, ignoring SIGTERM, then a crash at import
+    ("forks_then_raises", "import os, signal, time\nfor _ in range(50):\n    if os.fork() == 0:\n        os.setsid()\n"
+                          "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n        time.sleep(600)\n        os._exit(0)\n"
+                          "raise RuntimeError('boom')\n", "error"),
+    # a double fork: the grandchild is orphaned at once, then the worker exits
+    ("orphans", "import os, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n"
+                "    os._exit(0)\n", None),
+])
+def test_processes_do_not_escape_at_import(tmp_path: Path, name: str, code: str, expected) -> None:
+    import time
+
+    before = _judge_processes()
+    path = tmp_path / f"{name}.py"
+    path.write_text(code + SOLUTION.read_text())
+    t0 = time.monotonic()
+    result = grade("req-lengths", path, seed=1, save=False, timeout_scale=0.5)
+    assert time.monotonic() - t0 < 120, str(result)
+    if expected is None:
+        assert result.ok, str(result)
+    else:
+        assert result.cases[0].status == expected and result.passed == 0, str(result)
+    assert _left_behind(before) == set()
+
+
+def test_processes_started_in_cases_do_not_outlive_the_verdict(tmp_path: Path) -> None:
+    # three children per call, in new sessions, then the worker exits without a word (os._exit)
+    forks = ("        import os, time\n        for _ in range(3):\n            if os.fork() == 0:\n                os.setsid()\n"
+             "                time.sleep(600)\n                os._exit(0)\n        if self.prompt_len == 10:\n            os._exit(0)\n")
+    before = _judge_processes()
+    path = _variant(tmp_path, "case_forks", _BODY, forks + _BODY)
+    result = grade("req-lengths", path, seed=1, save=False)
+    assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "error", str(result)
+    assert _left_behind(before) == set()
+    # a passing grading whose code leaves a session leader and a thread running
+    daemon = ("        import os, threading, time\n        threading.Thread(target=time.sleep, args=(600,), daemon=False).start()\n"
+              "        if os.fork() == 0:\n            os.setsid()\n            time.sleep(600)\n            os._exit(0)\n")
+    path = _variant(tmp_path, "daemon", _BODY, daemon + _BODY)
+    assert grade("req-lengths", path, seed=1, save=False).ok
+    assert _left_behind(before) == set()
+
+
+# ---- the graded code cannot change what grades it ------------------------------------------------
+def test_rewriting_the_reference_changes_no_verdict(tmp_path: Path) -> None:
+    # the solution, plus code that empties the recorded reference and appends to the cases: were
+    # either trusted, the solution would fail (it records observations the blanked reference lacks)
+    ref = REPO / "judge" / "reference" / "prefill-adder.json"
+    cases = REPO / "exercises" / "prefill-adder" / "cases.py"
+    original_ref, original_cases = ref.read_bytes(), cases.read_bytes()
+    tamper = tmp_path / "tamper.py"
+    tamper.write_text(
+        "import json, pathlib\n"
+        f"_root = pathlib.Path({str(REPO)!r})\n"
+        "_ref = _root / 'judge' / 'reference' / 'prefill-adder.json'\n"
+        "_data = json.loads(_ref.read_text())\n"
+        "_ref.write_text(json.dumps(dict(_data, cases={k: [] for k in _data['cases']})))\n"
+        "with open(_root / ('exer' + 'cises') / 'prefill-adder' / 'cases.py', 'a') as f:\n    f.write('\\nraise SystemExit\\n')\n"
+        + PREFILL.read_text()
+    )
+    try:
+        result = grade("prefill-adder", tamper, seed=1, save=False)
+        assert result.ok, str(result)
+        assert any("prefill-adder.json (changed)" in w and "cases.py (changed)" in w for w in result.warnings), str(result)
+        assert ref.read_bytes() == original_ref and cases.read_bytes() == original_cases
+        again = grade("prefill-adder", PREFILL, seed=1, save=False)
+        assert again.ok and not any("graded code changed" in w for w in again.warnings), str(again)
+        # changed while no grading ran (say, by a grading the judge could not finish): found by the
+        # hash git keeps of the committed version, which is used instead
+        data = json.loads(original_ref)
+        ref.write_text(json.dumps(dict(data, cases={k: [] for k in data["cases"]})))
+        later = grade("prefill-adder", PREFILL, seed=1, save=False)
+        assert later.ok and any("prefill-adder.json differs from its committed version" in w for w in later.warnings), str(later)
+    finally:
+        ref.write_bytes(original_ref)
+        cases.write_bytes(original_cases)
+
+
+# ---- verdicts name the field; hot-path pieces are timed --------------------------------------------
+def test_failure_names_the_field(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "remain", "        return self.max_device_len - self.device_len", "        return self.max_device_len - self.device_len - 1")
+    bad = grade("req-lengths", path, seed=1, save=False).first_failure()
+    assert bad is not None and bad.status == "fail"
+    assert bad.message.startswith("remain_len: got "), bad.message
+
+
+def test_a_passing_hot_path_piece_reports_its_speed() -> None:
+    result = grade("prefill-adder", PREFILL, seed=1, save=False)
+    assert result.ok and result.speed, str(result)
+    assert result.speed[0].startswith("your try_admit: ") and "x the reference's time" in result.speed[0]
+    assert "speed: your try_admit" in str(result)
+
+
+def test_fresh_interpreter_workers_contain_processes_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU path: each worker is a new interpreter; its keeper kill and orphans are handled alike
+    from judge import runner
+
+    monkeypatch.setattr(runner, "USE_ZYGOTE", False)
+    before = _judge_processes()
+    path = tmp_path / "fresh_orphans.py"
+    path.write_text("import os, signal, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n"
+                    "    os._exit(0)\nos.kill(os.getppid(), signal.SIGKILL)\n" + SOLUTION.read_text())
+    result = grade("req-lengths", path, seed=1, save=False)
+    assert result.ok, str(result)
+    assert _left_behind(before) == set()
+
+
+def test_memory_of_forked_children_counts(tmp_path: Path) -> None:
+    # four children that each fill 300 MiB: the worker itself stays small, together they pass 1 GiB
+    hog = ("        if self.prompt_len == 10:\n            import os, time, torch\n            for _ in range(4):\n"
+           "                if os.fork() == 0:\n                    x = torch.ones(300 * 2**20, dtype=torch.uint8)\n"
+           "                    time.sleep(600)\n                    os._exit(0)\n            time.sleep(30)\n")
+    before = _judge_processes()
+    path = _variant(tmp_path, "fork_hogs", _BODY, hog + _BODY)
+    result = grade("req-lengths", path, seed=1, save=False, memory_limit_gb=1.0)
+    assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "oom", str(result)
+    assert _left_behind(before) == set()

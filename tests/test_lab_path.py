@@ -126,3 +126,51 @@ def test_saved_widget_views_have_their_state_and_say_when_they_come_alive() -> N
             before = next(c.source for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
             assert "come alive when" in before, f"{path.name} cell {i}: say that the controls come alive when the cells run"
     assert seen >= 3  # chapters 1, 4 and 9 have one each
+
+
+def test_index_tables_read_the_judges_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "chapters"))
+    import contents
+
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(registry, "WORK_DIR", tmp_path / "work")
+    ids = registry.exercise_ids()
+    table = contents.chapter_table().data
+    for ex_id in ids:  # every exercise sits in its chapter's row, linked to its statement
+        ex = registry.load(ex_id)
+        row = next(line for line in table.splitlines() if line.startswith(f"| {ex.chapter} |"))
+        assert f"[{ex_id}](../exercises/{ex_id}/README.md)" in row
+    assert "No exercise graded yet" in contents.progress().data
+
+    progress.record(_result(4), when="2026-01-02 10:00")
+    progress.record(_result(1, file="this cell"), when="2026-01-02 10:05")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "req-lengths.py").write_text("# mine\n")
+    text = contents.progress().data
+    assert f"**1 of {len(ids)} exercises pass**" in text
+    row = next(line for line in text.splitlines() if "[req-lengths]" in line)
+    assert "✓" in row and "4/4 (2026-01-02 10:00)" in row and "1/4 (2026-01-02 10:05)" in row
+    assert "[work/req-lengths.py](../work/req-lengths.py)" in row
+    other = next(line for line in text.splitlines() if "[base-op]" in line)
+    assert "✓" not in other and "python judge.py start base-op" in other
+
+
+def test_readme_chapter_table_lists_every_chapter_with_its_exercises() -> None:
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Chapters\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\| (\d+) \| \[[^]]+\]\(chapters/([^)]+)\) \| (.*) \|$", line)
+        if m:
+            rows[int(m.group(1))] = (m.group(2), re.findall(r"\(exercises/([^/]+)/README\.md\)", m.group(3)))
+    notebooks = {int(p.name[:2]): p.name for p in (REPO / "chapters").glob("[0-9][0-9]_*.ipynb")}
+    assert {n: name for n, (name, _) in rows.items()} == notebooks, "README's chapter table and chapters/ differ"
+    by_chapter: dict = {}
+    for ex_id in registry.exercise_ids():
+        by_chapter.setdefault(registry.load(ex_id).chapter, []).append(ex_id)
+    for n, (_, ids) in rows.items():
+        assert sorted(ids) == sorted(by_chapter.get(n, [])), f"README: chapter {n}'s exercises"
+    for ex_id in registry.exercise_ids():
+        assert (REPO / "exercises" / ex_id / "README.md").is_file()

@@ -127,3 +127,23 @@ def test_terminal_finds_this_python_first_and_runs_the_judge(lab):
     assert prefix and Path(prefix[0]).resolve() == Path(sys.prefix).resolve(), out
     assert str(REPO) in lines, out  # terminals start at the root, where the README's commands run
     assert "LIST-OK" in lines and "not the workbook python" not in out, out
+
+
+def test_a_chapter_saved_on_another_python_opens_and_saves_unchanged(lab):
+    """The lab writes the kernel's language_info on open; a chapter last run on another Python
+    must neither look modified to it nor change when it saves the chapter unrun."""
+    nb = json.loads((REPO / "chapters" / "index.ipynb").read_text())
+    nb["metadata"]["language_info"]["version"] = "3.0.0"
+    text = json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    name = f"zz_lab_test_{os.getpid()}.ipynb"
+    path = REPO / "chapters" / name
+    path.write_text(text)
+    try:
+        model = _get(lab, f"/api/contents/chapters/{name}").json()
+        assert model["content"]["metadata"]["language_info"]["version"] == sys.version.split()[0]
+        saved = httpx.put(f"{lab}/api/contents/chapters/{name}", params={"token": TOKEN}, timeout=60,
+                          json={"type": "notebook", "format": "json", "content": model["content"]})
+        assert saved.status_code == 200, saved.text
+        assert path.read_text() == text
+    finally:
+        path.unlink()

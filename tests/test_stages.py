@@ -76,3 +76,71 @@ def test_stage_example_runs(chapter):
     result = stages.run_example(chapter)
     assert not result.skipped, result.skipped
     assert result.ok, f"stage {chapter} example failed:\n{result.output}"
+
+
+# ---- "auto" inside a stage --------------------------------------------------------------------
+# Each stage is asked, in a fresh interpreter, what "auto" resolves to on a machine that looks
+# like a GPU machine with FlashInfer installed: `torch.cuda.is_available` reports True and the
+# `flashinfer` distribution is found. Nothing is allocated on a device, so this runs on the CPU.
+_PRETEND_GPU = r"""
+import importlib.util, json, sys, types
+import torch
+stage = sys.argv[1]
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path.insert(0, stage)
+real_find_spec = importlib.util.find_spec
+fake_spec = importlib.machinery.ModuleSpec("flashinfer", None)
+importlib.util.find_spec = lambda name, *a: fake_spec if name == "flashinfer" else real_find_spec(name, *a)
+torch.cuda.is_available = lambda: True
+import minisgl
+assert minisgl.__file__.startswith(stage), minisgl.__file__
+from minisgl.attention.registry import resolve_backend_name
+from minisgl.engine import Engine, EngineConfig
+device = EngineConfig(model_path=stage).torch_device   # "auto" device: CUDA, as the machine claims
+fake_engine = types.SimpleNamespace(device=device, config=types.SimpleNamespace(use_cuda_graph=True),
+                                    attn_backend=types.SimpleNamespace(supports_cuda_graph=lambda: True))
+print(json.dumps({"device": device.type,
+                  "attention": resolve_backend_name("auto", device, torch.bfloat16, 64),
+                  "graphs": Engine.wants_cuda_graph(fake_engine)}))
+"""
+
+
+@pytest.mark.parametrize("chapter, attention, graphs", [
+    (6, "torch", False),        # the first stage with an engine: neither FlashInfer nor graphs yet
+    (16, "torch", False),
+    (17, "flashinfer", False),  # chapter 17 adds the FlashInfer backend
+    (18, "flashinfer", True),   # chapter 18 adds the graph runner
+    (21, "flashinfer", True),
+])
+def test_auto_resolves_among_what_the_stage_holds(chapter, attention, graphs):
+    import json
+    import os
+    import subprocess
+
+    stage = stages.build(chapter)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", _PRETEND_GPU, str(stage)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"device": "cuda", "attention": attention, "graphs": graphs}
+
+
+def test_explicit_flashinfer_in_a_stage_without_it_says_which_chapter_adds_it():
+    import os
+    import subprocess
+
+    stage = stages.build(6)
+    code = (
+        "import sys, torch; sys.path.insert(0, sys.argv[1])\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n"
+        "from minisgl.attention import create_attention_backend\n"
+        "from minisgl.kvcache.mha_pool import MHAKVCache\n"
+        "kv = MHAKVCache(1, 4, 1, 2, 64, torch.bfloat16, torch.device('cpu'))\n"
+        "create_attention_backend('flashinfer', kv, torch.zeros(2, 4, dtype=torch.int32))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code, str(stage)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "ValueError" in proc.stderr and "chapter 17 adds it" in proc.stderr

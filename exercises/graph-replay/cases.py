@@ -14,6 +14,8 @@ EXERCISE = Exercise(
     chapter=18,
     title="Replay decode steps from captured graphs",
     difficulty=2,
+    timed=("GraphRunner.run",),
+    timing_cases=("shrinking",),
     replaces=(
         Replace("minisgl.engine.graph", "GraphRunner.padded_size"),
         Replace("minisgl.engine.graph", "GraphRunner.run"),

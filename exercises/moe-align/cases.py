@@ -14,6 +14,7 @@ EXERCISE = Exercise(
     chapter=20,
     title="Sort routed rows into expert-pure blocks: moe_align_block_size",
     difficulty=2,
+    timed=("moe_align_block_size",),
     replaces=(Replace("minisgl.moe.align", "moe_align_block_size"),),
 )
 

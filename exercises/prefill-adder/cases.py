@@ -13,6 +13,7 @@ EXERCISE = Exercise(
     chapter=7,
     title="Admission control: PrefillAdder.try_admit",
     difficulty=2,
+    timed=("PrefillAdder.try_admit",),
     replaces=(Replace("minisgl.scheduler.prefill", "PrefillAdder.try_admit"),),
 )
 

@@ -14,6 +14,7 @@ EXERCISE = Exercise(
     chapter=9,
     title="The radix prefix cache: match, lock, insert, evict",
     difficulty=3,
+    timed=("RadixPrefixCache.match_prefix", "RadixPrefixCache.insert_prefix", "RadixPrefixCache.evict"),
     replaces=(
         Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache.match_prefix"),
         Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache.lock_handle"),
@@ -103,6 +104,17 @@ def locks(obs: Obs) -> None:
     d.insert([5, 6, 7])
     d.match([1, 2, 3, 4], lock=True)
     d.evict(100)
+    d.unlock(0)
+    d.evict(2)
+
+
+@case("a match splits a locked edge: both halves stay locked", hint=3)
+def split_locked(obs: Obs) -> None:
+    d = Driver(obs, 1)
+    d.insert([1, 2, 3, 4, 5, 6])
+    d.match([1, 2, 3, 4, 5, 6], lock=True)
+    d.match([1, 2, 3, 9], lock=False)  # cuts the locked edge after 3 tokens
+    d.evict(100)  # nothing is evictable: the whole path is locked
     d.unlock(0)
     d.evict(2)
 

@@ -14,6 +14,7 @@ EXERCISE = Exercise(
     chapter=19,
     title="Store keys and values into the KV pool",
     difficulty=1,
+    timed=("store_kv",),
     replaces=(
         Replace("minisgl.kernel.store", "store_kv"),
         Replace("minisgl.kernel.store", "store_kv_ref"),

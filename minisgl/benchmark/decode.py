@@ -32,6 +32,7 @@ class DecodeResult:
     batch_size: int
     cuda_graph: bool
     tpot_s: float
+    kernels: Optional[int] = None  # GPU kernels one decode step launches (None on the CPU)
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,6 +61,31 @@ def measure_tpot(llm: LLM, bs: int, input_len: int, steps: int, seed: int = 0) -
     return (last[0] - max(first.values())) / steps
 
 
+def kernels_per_step(llm: LLM, bs: int, input_len: int, seed: int = 1) -> Optional[int]:
+    """Count the kernels of one decode step with the profiler (kernels inside a replayed CUDA
+    graph are counted one by one; copies and memsets are not kernels)."""
+    if llm.device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = random.Random(seed)
+    uids = [llm.add_request([rng.randint(0, 10000) for _ in range(input_len)], SamplingParams(max_tokens=16, ignore_eos=True)) for _ in range(bs)]
+    start = len(llm.trace)
+    while not any(t.phase == "decode" for t in llm.trace[start:]):
+        llm.step()
+    llm.step()  # a second decode step: the overlap loop is now in its steady state
+    torch.cuda.synchronize(llm.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.step()
+        torch.cuda.synchronize(llm.device)
+    while not llm.is_idle:
+        llm.step()
+    for uid in uids:
+        llm.take_output(uid)
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+
+
 def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool], page_size: int = 1, device: str = "auto") -> List[DecodeResult]:
     results = []
     max_bs = max(batch_sizes)
@@ -76,9 +102,11 @@ def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, ste
         )
         measure_tpot(llm, min(max_bs, 4), input_len, 4)  # warm-up: compiles kernels
         for bs in batch_sizes:
-            results.append(DecodeResult(bs, llm.engine.graph_runner is not None, measure_tpot(llm, bs, input_len, steps)))
+            tpot = measure_tpot(llm, bs, input_len, steps)
+            results.append(DecodeResult(bs, llm.engine.graph_runner is not None, tpot, kernels_per_step(llm, bs, input_len)))
             r = results[-1]
-            print(f"batch {bs:4d}  cuda graph {'on ' if r.cuda_graph else 'off'}  TPOT {r.tpot_s * 1e3:7.3f} ms  ({r.tokens_per_s:,.0f} tok/s)", flush=True)
+            kernels = "" if r.kernels is None else f"  {r.kernels} kernels/step"
+            print(f"batch {bs:4d}  cuda graph {'on ' if r.cuda_graph else 'off'}  TPOT {r.tpot_s * 1e3:7.3f} ms  ({r.tokens_per_s:,.0f} tok/s){kernels}", flush=True)
         release(llm)
     return results
 

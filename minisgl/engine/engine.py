@@ -15,7 +15,7 @@ from minisgl.distributed.info import TPInfo, set_tp_info
 from minisgl.env import ENV
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
-from minisgl.utils import div_ceil
+from minisgl.utils import div_ceil, package_has
 from minisgl.utils.logger import get_logger
 
 from .config import EngineConfig
@@ -61,7 +61,7 @@ class Engine:
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.model_config.vocab_size)
         self.graph_runner = None
-        if self.device.type == "cuda" and config.use_cuda_graph and not ENV.disable_cuda_graph and self.attn_backend.supports_cuda_graph():
+        if self.wants_cuda_graph():
             from .graph import GraphRunner
 
             self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
@@ -104,3 +104,15 @@ class Engine:
         for req in batch.reqs:
             req.complete_one()
         return self.sampler.sample(logits[: batch.size], args)
+
+    def wants_cuda_graph(self) -> bool:
+        """Capture decode steps as CUDA graphs: on CUDA, unless switched off, with a backend that
+        supports capture, and only in a package that holds the graph runner (chapter 18 adds it;
+        the package as of an earlier chapter runs every step eagerly)."""
+        return (
+            self.device.type == "cuda"
+            and self.config.use_cuda_graph
+            and not ENV.disable_cuda_graph
+            and self.attn_backend.supports_cuda_graph()
+            and package_has("minisgl.engine.graph")
+        )

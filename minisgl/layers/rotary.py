@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import torch
 
 from minisgl.kernel import apply_rope
 
 from .base import BaseOP
+
+if TYPE_CHECKING:
+    from .norm import RMSNorm
 
 
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -74,10 +77,14 @@ class RotaryEmbedding(BaseOP):
         a, b = x.chunk(2, dim=-1)
         return torch.cat([-b, a], dim=-1)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]."""
-        if q.is_cuda:  # the same arithmetic in one fused kernel (minisgl.kernel)
-            return apply_rope(positions, q, k, self._cos, self._sin)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple["RMSNorm", "RMSNorm"]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]. `qk_norm`: the
+        (q_norm, k_norm) pair of a model that normalises each head first (Qwen3)."""
+        if q.is_cuda:  # norms and rotation in one fused kernel (minisgl.kernel)
+            norm = None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
+            return apply_rope(positions, q, k, self._cos, self._sin, norm)
+        if qk_norm is not None:
+            q, k = qk_norm[0].forward(q), qk_norm[1].forward(k)
         cos = self._cos[positions].unsqueeze(1).to(q.dtype)
         sin = self._sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

@@ -39,10 +39,9 @@ class Attention(BaseOP):
         q = q.view(-1, p.num_q_heads, d)  # [tokens, heads, head_dim]
         k = k.view(-1, p.num_kv_heads, d)
         v = v.view(-1, p.num_kv_heads, d)
-        if self._qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self._rotary(ctx.batch.positions, q, k)
-        o = ctx.attn_backend.forward(q, k, v.contiguous(), self.layer_id, ctx.batch)
+        q, k = self._rotary(ctx.batch.positions, q, k, (self.q_norm, self.k_norm) if self._qk_norm else None)
+        # v stays a strided view of the projection: the KV store reads it in place
+        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return self.o_proj(o.reshape(len(x), -1))
 
 

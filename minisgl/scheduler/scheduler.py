@@ -96,6 +96,12 @@ class Scheduler:
                 f"prompt has {n} tokens and max_tokens is {params.max_tokens}, but the context is "
                 f"{self.max_seq_len} tokens: " + (f"shorten the prompt or lower max_tokens to at most {self.max_seq_len - n}" if n < self.max_seq_len else f"shorten the prompt to at most {self.max_seq_len - 1} tokens")
             )
+        if params.min_tokens > params.max_tokens:
+            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})")
+        vocab = self.engine.model_config.vocab_size
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", [t for t, _ in params.logit_bias])):
+            if any(t >= vocab for t in ids):
+                raise InvalidRequestError(f"{name} names token {max(ids)}, but the model's vocabulary has {vocab} tokens (ids 0..{vocab - 1})")
         if div_ceil(n + params.max_tokens - 1, self.cache.page_size) > self.cache.num_pages:
             raise InvalidRequestError(
                 f"prompt ({n}) plus max_tokens ({params.max_tokens}) needs more KV memory than the pool "

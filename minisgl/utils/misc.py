@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -18,6 +19,19 @@ def align_down(a: int, b: int) -> int:
 
 def align_up(a: int, b: int) -> int:
     return div_ceil(a, b) * b
+
+
+def package_has(module: str) -> bool:
+    """Is `module` (e.g. "minisgl.engine.graph") part of the package being run?
+
+    A staged build of the package (the package as of chapter N) holds only the files its
+    chapters introduced, so every "auto" choice (attention backend, CUDA graphs) asks this before
+    reaching for a module a later chapter brings in, instead of failing with ModuleNotFoundError.
+    """
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing too
+        return False
 
 
 def default_device() -> torch.device:

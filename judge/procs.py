@@ -1,0 +1,147 @@
+"""Keep track of every process a grading starts, so that none outlives its verdict (Linux).
+
+Learner code may fork, `setsid()`, double-fork so that its children are orphaned, or kill the
+process that started it. Process groups and sessions do not survive that, but parentage does
+when every supervisor on the way is a *child subreaper* (`prctl(PR_SET_CHILD_SUBREAPER)`): an
+orphan is then adopted by the nearest supervisor instead of by init. So the judge process, the
+fork server and each worker's keeper are subreapers, and everything a worker started stays
+below one of them, where `/proc` shows it. `kill_tree` SIGKILLs a set of processes and every
+descendant, again and again until none is left (a process forking while it is being killed
+only adds to the next pass); SIGKILL cannot be caught or ignored.
+
+Everything the judge starts carries MARKER=<the judge's pid> in its environment, so an orphan
+adopted by the judge process itself (after the fork server was killed) is told apart from the
+notebook's own children (and from another judge's processes on a shared machine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Set
+
+MARKER = "MINISGL_JUDGE_PROCESS"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    start: int  # clock ticks after boot: with the pid, names one process even after pid reuse
+    state: str  # "Z": a zombie, already dead
+
+
+def set_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants. False where the OS has no such thing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def read(pid: int) -> Optional[Proc]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    rest = data[data.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return Proc(pid, int(rest[1]), int(rest[19]), rest[0])
+
+
+def table() -> Dict[int, Proc]:
+    out: Dict[int, Proc] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            p = read(int(name))
+            if p is not None:
+                out[p.pid] = p
+    return out
+
+
+def alive(pid: int, start: Optional[int] = None) -> bool:
+    """The process exists and is not a zombie (and, given `start`, is the same process)."""
+    p = read(pid)
+    return p is not None and p.state != "Z" and (start is None or p.start == start)
+
+
+def descendants(roots: Iterable[int], tab: Dict[int, Proc]) -> Set[int]:
+    """The roots that exist and everything below them."""
+    children: Dict[int, list] = {}
+    for p in tab.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out: Set[int] = set()
+    todo = [r for r in roots if r in tab]
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional share of memory (pages shared after a fork count once in all)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def tree_memory(roots: Iterable[int]) -> int:
+    """Memory used by `roots` and everything below them, in bytes."""
+    return sum(pss_bytes(pid) for pid in descendants(roots, table()))
+
+
+def marked(pid: int, judge: Optional[int] = None) -> bool:
+    """Whether the process was started by the judge process `judge` (default: this one): its
+    environment carries MARKER set to that judge's pid."""
+    tag = f"{MARKER}={os.getpid() if judge is None else judge}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return tag in f.read().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
+def kill_tree(roots: Dict[int, Optional[int]], strays=None, passes: int = 400) -> None:
+    """SIGKILL `roots` ({pid: start time or None}) with all their descendants, plus whatever
+    `strays(table)` names on each pass, until nothing is left; reap those that are our children."""
+    me = os.getpid()
+    for _ in range(passes):
+        tab = table()
+        live_roots = [pid for pid, start in roots.items() if pid in tab and (start is None or tab[pid].start == start)]
+        targets = descendants(live_roots + sorted(strays(tab) if strays else ()), tab)
+        targets.discard(me)
+        pending = [pid for pid in targets if tab[pid].state != "Z"]
+        for pid in targets:
+            if tab[pid].state != "Z":
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if tab[pid].ppid == me:
+                reap(pid)
+        if not pending:
+            return
+        time.sleep(0.005)
+
+
+def reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
