@@ -280,7 +280,7 @@ small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 # the chapter index (the tables themselves are built by chapters/contents.py)
 
 STAGES_OF_THE_BOOK = {0: "Overview", 1: "Stage 1 · computing correctly", 7: "Stage 2 · scheduling well",
-                      12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger"}
+                      12: "Stage 3 · serving", 16: "Stage 4 · faster and bigger", 22: "Wrap-up"}
 ONE_LINERS = {
     0: "greedy generation with a KV cache in ~60 lines of plain torch, checked against transformers; the map of the book",
     1: "`SamplingParams`, `Req` and its three lengths through a request's life, `Batch`, the forward `Context`",
@@ -304,4 +304,5 @@ ONE_LINERS = {
     19: "fused Triton kernels with PyTorch fallbacks as their specification",
     20: "mixture-of-experts layers: routing, aligned blocks, fused experts",
     21: "throughput and latency benchmarks, and the memory-bandwidth floor",
+    22: "minisgl beside SGLang and vLLM, two gaps measured, and cache-aware scheduling added to the engine",
 }

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from draw import BLUE, GREEN, GREY, ORANGE, RED, REQ_COLORS
+from draw import BLUE, GREEN, GREY, ORANGE, RED
 
 API, TOK, SCHED, CLIENT = "#cfe2f3", "#d9ead3", "#fde9c9", "#eeeeee"
 
@@ -175,28 +175,29 @@ def loop_timeline(turns: Sequence[Dict[str, Any]], title: str = ""):
 
 # ---- chapter 15: one streamed request, seen from the client ------------------------------------
 def stream_timeline(streams: Dict[str, Dict[str, Any]], title: str = ""):
-    """Each stream: `start` (request sent), `events` (arrival time and text of each chunk), and
-    optionally `closed` (the client hung up) and `idle` (the scheduler reported idle again)."""
-    fig, ax = plt.subplots(figsize=(11, 1.1 * len(streams) + 1.2))
-    t0 = min(s["start"] for s in streams.values())
+    """One row per streamed request, each on its own clock (0 = the request was sent): `start`,
+    `events` (arrival time and payload of each SSE event), and optionally `closed` (the client
+    hung up) and `idle` (the server's /health said idle again), all `time.perf_counter()` values."""
+    fig, ax = plt.subplots(figsize=(11, 1.2 * len(streams) + 1.3))
     for y, (name, s) in enumerate(reversed(list(streams.items()))):
+        t0 = s["start"]
         times = [t - t0 for t, _ in s["events"]]
-        end = max(times + [s.get("closed", t0) - t0, s.get("idle", t0) - t0])
-        ax.plot([s["start"] - t0, end], [y, y], color=GREY, linewidth=6, solid_capstyle="butt", zorder=0)
-        ax.vlines(times, y - 0.25, y + 0.25, color=BLUE, linewidth=1.2)
+        marks = times + [s[k] - t0 for k in ("closed", "idle") if k in s]
+        ax.plot([0, max(marks)], [y, y], color=GREY, linewidth=6, solid_capstyle="butt", zorder=0)
+        ax.vlines(times, y - 0.22, y + 0.22, color=BLUE, linewidth=1.2)
         if times:
-            ax.annotate("", xy=(times[0], y + 0.33), xytext=(s["start"] - t0, y + 0.33),
-                        arrowprops=dict(arrowstyle="<->", color=ORANGE, linewidth=1))
-            ax.text((s["start"] - t0 + times[0]) / 2, y + 0.38, f"first chunk {1000 * (times[0] - s['start'] + t0):.0f} ms",
-                    ha="center", fontsize=7.5, color=ORANGE)
+            ax.annotate("", xy=(times[0], y + 0.32), xytext=(0, y + 0.32), arrowprops=dict(arrowstyle="<->", color=ORANGE, linewidth=1))
+            ax.text(times[0] / 2, y + 0.38, f"first event {1000 * times[0]:.0f} ms", ha="center", fontsize=7.5, color=ORANGE)
+        if len(times) > 1:
+            ax.text(times[-1], y - 0.45, f"{len(times)} events, last at {1000 * times[-1]:.0f} ms", ha="right", fontsize=7.5, color=BLUE)
         if "closed" in s:
             ax.plot([s["closed"] - t0], [y], "X", color=RED, markersize=9)
-            ax.text(s["closed"] - t0, y - 0.45, "client hangs up", ha="center", fontsize=7.5, color=RED)
+            ax.text(s["closed"] - t0, y + 0.3, f"client hangs up at {1000 * (s['closed'] - t0):.0f} ms", ha="left", fontsize=7.5, color=RED)
         if "idle" in s:
             ax.plot([s["idle"] - t0], [y], "s", color=GREEN, markersize=7)
-            ax.text(s["idle"] - t0, y - 0.45, "/health: idle, all free", ha="center", fontsize=7.5, color=GREEN)
+            ax.text(s["idle"] - t0, y - 0.45, f"/health idle at {1000 * (s['idle'] - t0):.0f} ms", ha="left", fontsize=7.5, color=GREEN)
     ax.set_yticks(range(len(streams)), list(reversed(list(streams))), fontsize=8.5)
-    ax.set_ylim(-0.8, len(streams) - 0.3), ax.set_xlabel("seconds since the first request was sent (blue: one SSE event each)")
+    ax.set_ylim(-0.8, len(streams) - 0.2), ax.set_xlabel("seconds since the request was sent (blue: one SSE event each, as the client read it)")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.set_title(title, fontsize=10)

@@ -100,7 +100,7 @@ def first_difference(got: List[Dict[str, Any]], expected: List[Dict[str, Any]]) 
         if exp["kind"] == "close":
             d = _close(g, exp)
             if d is not None:
-                return Difference(exp["label"], "values outside the tolerance", "", d)
+                return Difference(exp["label"], "values outside the tolerance", "", f"{exp['label']}: {d}")
             continue
         d = _first_diff(g.get("value"), exp.get("value"))
         if d is not None:

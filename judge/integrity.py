@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 from .registry import REPO_ROOT
 
-_WATCHED = ("judge/**/*.py", "judge/reference/*.json", "judge.py", "exercises/*/cases.py", "minisgl/**/*.py")
+# the root's *.py too: a new sitecustomize.py there would run in every interpreter the judge starts
+_WATCHED = ("judge/**/*.py", "judge/reference/*.json", "*.py", "exercises/*/cases.py", "minisgl/**/*.py")
 
 
 def _watched_files() -> List[Path]:

@@ -28,6 +28,7 @@ from .result import Status
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
 POLL_S = 0.05
+SPAWN_S = 60.0  # a fork server that takes longer to start a worker is replaced
 TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
 MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
@@ -135,20 +136,27 @@ class Zygote:
         return proc
 
     @classmethod
-    def spawn(cls, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
+    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
+        """Start a worker for `job`. A fork server that does not answer (the learner's code may have
+        stopped it) is replaced by a new one, once."""
         pid_path = job.with_suffix(".pid")
+        request = json.dumps({"exercise": exercise_id, "job": str(job), "err": str(err), "pid": str(pid_path), "rlimit_as": rlimit_as})
         with cls._lock:  # a keeper is registered before any sweep can take it for a stray
-            proc = cls._ensure(env, fresh)
-            try:
-                proc.stdin.write(json.dumps({"job": str(job), "err": str(err), "pid": str(pid_path), "rlimit_as": rlimit_as}) + "\n")
-                proc.stdin.flush()
-            except (BrokenPipeError, OSError) as exc:
-                raise RuntimeError("the grading fork server is gone") from exc
-            deadline = time.monotonic() + 60
-            while not (pid_path.exists() and pid_path.read_text().strip()):
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the grading fork server did not start a worker")
-                time.sleep(0.005)
+            for attempt in range(2):
+                proc = cls._ensure(env, fresh)
+                try:
+                    proc.stdin.write(request + "\n")
+                    proc.stdin.flush()
+                    deadline = time.monotonic() + SPAWN_S
+                    while not (pid_path.exists() and pid_path.read_text().strip()):
+                        if time.monotonic() > deadline or proc.poll() is not None:
+                            raise RuntimeError("the grading fork server did not start a worker")
+                        time.sleep(0.005)
+                    break
+                except (BrokenPipeError, OSError, RuntimeError) as exc:
+                    cls._stop(fresh)
+                    if attempt == 1:
+                        raise RuntimeError(f"the grading fork server failed twice: {exc}") from exc
             keeper, pid, start = (int(x) for x in pid_path.read_text().split("\n")[0].split())
             kp = procs.read(keeper)
             cls._running[keeper], cls._running[pid] = (kp.start if kp else None), start
@@ -250,7 +258,7 @@ def run_cases(
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
             try:
-                proc = Zygote.spawn(job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
+                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
             except RuntimeError as exc:
                 events.close()
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}

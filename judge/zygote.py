@@ -1,13 +1,14 @@
 """The grading fork server: every worker is started by it, and every process a worker starts
-stays below it (see `judge.procs`). On the CPU it imports torch, the engine and every exercise's
-cases once and forks each worker from that state (starting a fresh interpreter costs seconds, and
-`check` starts a hundred); with `--exec` (CUDA: a CUDA context does not survive a fork) each
-worker is a fresh interpreter.
+stays below it (see `judge.procs`). On the CPU it imports torch and the engine once (and each
+exercise's cases when a worker first needs them) and forks each worker from that state: starting
+a fresh interpreter costs seconds, and `check` starts a hundred. With `--exec` (CUDA: a CUDA
+context does not survive a fork) each worker is a fresh interpreter.
 
-Protocol: the runner writes one JSON line per job to our stdin ({"job", "err", "pid",
-"rlimit_as"}). For each, a keeper process forks the worker, writes "KEEPER WORKER START" (pids and
-the worker's start time) to `pid`, and waits. When the worker ends, the keeper kills whatever the
-worker left behind and writes its exit status as `pid`'s second line (negative: the signal).
+Protocol: the runner writes one JSON line per job to our stdin ({"exercise", "job", "err",
+"pid", "rlimit_as"}). For each, a keeper process forks the worker, writes "KEEPER WORKER START"
+(pids and the worker's start time) to `pid`, and waits. When the worker ends, the keeper kills
+whatever the worker left behind and writes its exit status as `pid`'s second line (negative:
+the signal).
 """
 
 from __future__ import annotations
@@ -33,11 +34,16 @@ def _preload() -> None:
     import minisgl.scheduler  # noqa: F401
     from judge import api, harness, install, registry, speed, worker  # noqa: F401
 
-    for ex_id in registry.exercise_ids():  # the cases are read now, before any learner code runs
-        try:
-            registry.load(ex_id)
-        except Exception:  # a broken cases.py is reported by the worker that needs it
-            pass
+
+def _load_cases(exercise_id: str) -> None:
+    """Read an exercise's cases here, before forking, so every worker has them before any learner
+    code runs (this process never runs learner code)."""
+    from judge import registry
+
+    try:
+        registry.load(exercise_id)
+    except Exception:  # a broken cases.py is reported by the worker that needs it
+        pass
 
 
 def _write(path: str, text: str) -> None:
@@ -109,6 +115,8 @@ def main() -> None:
         if not line.strip():
             continue
         req = json.loads(line)
+        if not fresh:
+            _load_cases(req["exercise"])
         if os.fork() == 0:
             _keep(req, fresh)
 

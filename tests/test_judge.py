@@ -264,6 +264,15 @@ def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
     assert result.ok, str(result)
 
 
+def test_module_level_helpers_go_with_the_function(tmp_path: Path) -> None:
+    moe = REPO / "exercises" / "moe-align" / "solution.py"
+    path = _variant(tmp_path, "module_helper", "    padded = (counts + block_size - 1) // block_size * block_size\n",
+                    "    padded = _round_up(counts, block_size)\n", moe)
+    path.write_text(path.read_text() + "\n\ndef _round_up(x, m):\n    return (x + m - 1) // m * m\n")
+    result = grade("moe-align", path, seed=1, save=False)
+    assert result.ok, str(result)
+
+
 def test_super_calls_resolve_as_in_a_subclass(tmp_path: Path) -> None:
     # super() reaches the engine's schedule_next_batch (not a replaced symbol), and a helper of ours
     path = _variant(tmp_path, "supers", "        batch = self.schedule_next_batch()\n",
@@ -420,3 +429,15 @@ def test_memory_of_forked_children_counts(tmp_path: Path) -> None:
     result = grade("req-lengths", path, seed=1, save=False, memory_limit_gb=1.0)
     assert _statuses(result)["a 10-token prompt prefilled in chunks of 4"] == "oom", str(result)
     assert _left_behind(before) == set()
+
+
+def test_a_stopped_fork_server_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the graded code stops (SIGSTOP) the fork server; the next grading gets a new one
+    from judge import runner
+
+    monkeypatch.setattr(runner, "SPAWN_S", 5.0)
+    path = tmp_path / "stops_server.py"
+    path.write_text("import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+                    "os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGSTOP)\n" + SOLUTION.read_text())
+    assert grade("req-lengths", path, seed=1, save=False).ok
+    assert grade("req-lengths", SOLUTION, seed=1, save=False).ok

@@ -2,7 +2,7 @@
 
     python tools/stages.py build N      # -> .stages/chNN/minisgl (rebuilt only when stale)
     python tools/stages.py tree N       # the files as of chapter N, new ones marked
-    python tools/stages.py check [N]    # build stages 1..N (default 21), run each example
+    python tools/stages.py check [N]    # build stages 1..N (default 22), run each example
     python tools/stages.py unlisted     # package files missing from tools/stages.toml
 
 Which chapter introduces which file is written down in `tools/stages.toml`. A stage holds
@@ -31,7 +31,7 @@ MANIFEST = REPO / "tools" / "stages.toml"
 EXAMPLES = REPO / "tools" / "stage_examples"
 STAGES = REPO / ".stages"
 PACKAGE = "minisgl"
-LAST_CHAPTER = 21
+LAST_CHAPTER = 22
 # bump when the way a stage is built changes, so every stamp goes stale
 BUILD_VERSION = "2"
 
@@ -386,9 +386,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the package as of chapter N")
-    b.add_argument("n", type=int, help="chapter number (1..21)")
+    b.add_argument("n", type=int, help=f"chapter number (1..{LAST_CHAPTER})")
     t = sub.add_parser("tree", help="print the files as of chapter N")
-    t.add_argument("n", type=int, help="chapter number (1..21)")
+    t.add_argument("n", type=int, help=f"chapter number (1..{LAST_CHAPTER})")
     c = sub.add_parser("check", help="build every stage up to N and run its example")
     c.add_argument("n", type=int, nargs="?", default=LAST_CHAPTER, help="last chapter to check")
     sub.add_parser("unlisted", help="list package files missing from the manifest")

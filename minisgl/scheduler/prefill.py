@@ -1,18 +1,18 @@
 """Admission: which waiting requests join the next prefill batch, and how much of each.
 
-First come, first served: the queue is taken in order and stops at the first request that does
-not fit (skipping ahead would starve long prompts). A request is admitted only if a table row
-is free and the KV pool can hold it to the end (`pages_to_finish`) on top of what running
-requests are already promised, so a running request never runs out of pages. The token budget
-caps one step's prefill; a prompt that does not fit is cut, and its remainder continues first
-in the next step (chunked prefill).
+Requests are offered in arrival order (or longest cached prefix first: see SCHEDULE_POLICIES),
+up to the first that does not fit (skipping it would starve long prompts). A request is admitted
+only if a table row is free and the KV pool can hold it to the end (`pages_to_finish`) on top of
+what running requests are already promised, so a running request never runs out of pages. The
+token budget caps one step's prefill; a prompt that does not fit is cut, and its remainder
+continues first in the next step (chunked prefill).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional
+from typing import Deque, List, Optional, Sequence
 
 import torch
 
@@ -71,12 +71,33 @@ class PrefillAdder:
         return req
 
 
+# Scheduling policies: the order in which waiting requests are offered to admission (the queue
+# itself stays in arrival order). "fcfs": arrival order. "lpm" (longest prefix match): first those
+# whose prompt the prefix cache holds the most of; they cost the least to prefill, and while they
+# run their prefix stays locked, so the requests sharing it find it still cached instead of evicted
+# by unrelated prompts. A steady stream of hits can keep a request without one waiting; production
+# engines bound that (SGLang falls back to arrival order when the queue is long).
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+    """The waiting requests, longest cached prefix first (as `cache.match` measures what admission
+    would reuse); equal prefixes keep their order in `waiting`. Locks nothing and leaves `waiting`
+    as it is; matching may split a radix node, which changes no cached content."""
+    hits = [cache.match(p.input_ids).handle.cached_len for p in waiting]
+    order = sorted(range(len(waiting)), key=lambda i: -hits[i])  # sorted() is stable: ties by arrival
+    return [waiting[i] for i in order]
+
+
 class PrefillManager:
-    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int):
+    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int, schedule_policy: str = "fcfs"):
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
         self.table = table
         self.cache = cache
         self.max_extend_tokens = max_extend_tokens
-        self.pending: Deque[PendingReq] = deque()
+        self.schedule_policy = schedule_policy
+        self.pending: Deque[PendingReq] = deque()  # arrival order, whatever the policy
         self.chunked: Optional[Req] = None  # the request whose prompt is half done, if any
 
     def add(self, pending: PendingReq) -> None:
@@ -89,18 +110,27 @@ class PrefillManager:
                 return p
         return None
 
+    def admission_order(self) -> List[PendingReq]:
+        """The waiting requests in the order this step offers them to admission."""
+        if self.schedule_policy == "lpm" and len(self.pending) > 1:
+            return longest_prefix_first(self.pending, self.cache)
+        return list(self.pending)
+
     def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
         adder = PrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)
         reqs: List[Req] = []
         if self.chunked is not None:
             reqs.append(adder.continue_chunk(self.chunked))
             self.chunked = None
-        while self.pending:
-            req = adder.try_admit(self.pending[0])
+        admitted = set()
+        for pending in self.admission_order():
+            req = adder.try_admit(pending)
             if req is None:
                 break
-            self.pending.popleft()
+            admitted.add(pending.uid)
             reqs.append(req)
+        if admitted:  # the rest keep their arrival order
+            self.pending = deque(p for p in self.pending if p.uid not in admitted)
         if not reqs:
             return None
         if reqs[-1].is_chunk:

@@ -60,7 +60,7 @@ class Scheduler:
         prefix_cache = create_prefix_cache(config.prefix_cache, self.engine.page_size, self.device)
         self.cache = CacheManager(self.engine.num_pages, self.engine.page_size, prefix_cache, self.engine.page_table)
         self.decode = DecodeManager()
-        self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens)
+        self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens, config.schedule_policy)
         self.live: Dict[int, Req] = {}  # admitted and not yet freed
         self.unprocessed: List[ForwardResult] = []  # launched, results not read yet
         self.trace: List[StepTrace] = []

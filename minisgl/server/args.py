@@ -9,6 +9,8 @@ from typing import List, Optional
 
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import SchedulerConfig
+from minisgl.scheduler.config import check_schedule_policy
+from minisgl.scheduler.prefill import SCHEDULE_POLICIES
 from minisgl.utils import default_model_path
 
 
@@ -35,6 +37,7 @@ class ServerArgs:
     cuda_graph: bool = True
     prefix_cache: str = "radix"
     max_extend_tokens: int = 8192
+    schedule_policy: str = "fcfs"
     overlap: bool = True
     seed: int = 0
     log_level: str = "warning"
@@ -44,6 +47,7 @@ class ServerArgs:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.tp_size < 1:
             raise ValueError(f"--tp-size must be at least 1, got {self.tp_size}")
+        check_schedule_policy(self.schedule_policy, self.prefix_cache)
 
     @property
     def model_name(self) -> str:
@@ -70,7 +74,8 @@ class ServerArgs:
             seed=self.seed,
             tp_size=self.tp_size,
         )
-        return SchedulerConfig(engine=engine, prefix_cache=self.prefix_cache, max_extend_tokens=self.max_extend_tokens, overlap=self.overlap)
+        return SchedulerConfig(engine=engine, prefix_cache=self.prefix_cache, max_extend_tokens=self.max_extend_tokens,
+                               schedule_policy=self.schedule_policy, overlap=self.overlap)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--prefix-cache", default="radix", choices=["radix", "naive"], help="radix reuses shared prompt prefixes; naive reuses nothing")
     p.add_argument("--max-extend-tokens", type=int, default=8192, help="prefill token budget per step; longer prompts are chunked")
+    p.add_argument("--schedule-policy", default="fcfs", choices=list(SCHEDULE_POLICIES), help="order waiting requests by arrival (fcfs) or longest cached prefix first (lpm, needs the radix cache)")
     p.add_argument("--disable-overlap", action="store_true", help="do not plan step N+1 while step N runs")
     p.add_argument("--seed", type=int, default=0, help="seed for requests that give none")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="log verbosity of the server")
@@ -135,6 +141,7 @@ def _from_namespace(ns: argparse.Namespace) -> ServerArgs:
         cuda_graph=not ns.disable_cuda_graph,
         prefix_cache=ns.prefix_cache,
         max_extend_tokens=ns.max_extend_tokens,
+        schedule_policy=ns.schedule_policy,
         overlap=not ns.disable_overlap,
         seed=ns.seed,
         log_level=ns.log_level,

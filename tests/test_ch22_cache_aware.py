@@ -1,0 +1,188 @@
+"""Chapter 22, cache-aware scheduling (`schedule_policy="lpm"`).
+
+Claims: the order `longest_prefix_first` gives equals a naive reference (the longest cached prefix
+of each prompt, measured against every stored sequence, cut to whole pages and to `len - 1`;
+stable, so equal hits keep arrival order); it locks nothing and leaves the queue alone; the
+manager admits in that order, stops at the first refusal, and keeps the rest in arrival order;
+the default (`fcfs`) is unchanged; greedy tokens are transformers' under both policies; under
+cache pressure on shared-prefix traffic `lpm` computes fewer prompt tokens than `fcfs`; bad
+settings are refused with a clear error, in the config and on the server's command line.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import List, Sequence
+
+import pytest
+import torch
+
+from helpers import TINY_LLAMA, TINY_QWEN3, small_engine_kwargs
+from minisgl.core import SamplingParams
+from minisgl.engine import EngineConfig
+from minisgl.kvcache import create_prefix_cache
+from minisgl.scheduler import SchedulerConfig
+from minisgl.scheduler.cache import CacheManager
+from minisgl.scheduler.prefill import PendingReq, PrefillManager, longest_prefix_first
+from minisgl.scheduler.table import TableManager
+
+
+def _managers(rows: int = 4, num_pages: int = 256, page_size: int = 1, max_seq_len: int = 128):
+    page_table = torch.zeros((rows + 1, max_seq_len), dtype=torch.int32)
+    table = TableManager(rows, page_table)
+    cache = CacheManager(num_pages, page_size, create_prefix_cache("radix", page_size, torch.device("cpu")), page_table)
+    return table, cache
+
+
+def _store(cache: CacheManager, ids: Sequence[int]) -> None:
+    """Put `ids` (cut to whole pages) into the prefix cache on fresh pages."""
+    ps = cache.page_size
+    ids_t = torch.tensor(list(ids)[: len(ids) // ps * ps], dtype=torch.int32)
+    if len(ids_t) == 0:
+        return
+    pages = cache._take_pages(len(ids_t) // ps)
+    slots = (pages[:, None] * ps + torch.arange(ps)).flatten().to(torch.int32)
+    kept = cache.prefix_cache.insert_prefix(ids_t, slots)
+    cache._release_slots(slots[:kept])
+
+
+def _pending(uid: int, ids: Sequence[int], max_tokens: int = 4) -> PendingReq:
+    return PendingReq(uid, torch.tensor(list(ids), dtype=torch.int32), SamplingParams(max_tokens=max_tokens), 0)
+
+
+def _reference_hit(stored: List[List[int]], ids: Sequence[int], page_size: int) -> int:
+    """The longest prefix of ids[:-1] that some stored sequence (cut to pages) starts with."""
+    best = 0
+    for s in stored:
+        s = s[: len(s) // page_size * page_size]
+        n = 0
+        while n < min(len(s), len(ids) - 1) and s[n] == ids[n]:
+            n += 1
+        best = max(best, n - n % page_size)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_order_equals_a_naive_reference(seed):
+    rng = random.Random(seed)
+    ps = rng.choice([1, 2, 4])
+    _, cache = _managers(num_pages=512, page_size=ps)
+    stored = [[rng.randrange(3, 9) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(0, 5))]
+    for s in stored:
+        _store(cache, s)
+    waiting = []
+    for uid in range(rng.randint(0, 10)):
+        head = list(rng.choice(stored))[: rng.randint(0, 24)] if stored and rng.random() < 0.7 else []
+        waiting.append(_pending(uid, head + [rng.randrange(3, 9) for _ in range(rng.randint(1, 8))]))
+    before = [(p.uid, p.input_ids.clone()) for p in waiting]
+    sizes = (cache.prefix_cache.evictable_size, cache.prefix_cache.protected_size)
+    got = [p.uid for p in longest_prefix_first(waiting, cache)]
+    hits = {p.uid: _reference_hit(stored, p.input_ids.tolist(), ps) for p in waiting}
+    assert got == sorted(hits, key=lambda uid: -hits[uid])  # Python's sort is stable: ties by uid = arrival
+    assert [(p.uid, p.input_ids.tolist()) for p in waiting] == [(u, t.tolist()) for u, t in before]
+    assert (cache.prefix_cache.evictable_size, cache.prefix_cache.protected_size) == sizes  # nothing locked
+    cache.prefix_cache.check_integrity()
+
+
+def test_manager_admits_in_policy_order_and_keeps_the_rest_in_arrival_order():
+    table, cache = _managers(rows=2, num_pages=256)
+    shared = list(range(10, 30))
+    _store(cache, shared)
+    queue = [_pending(0, [5, 6, 7]), _pending(1, [8, 9]), _pending(2, shared + [1]), _pending(3, shared[:10] + [2])]
+    fcfs, lpm = PrefillManager(table, cache, 8192), None
+    for p in queue:
+        fcfs.add(p)
+    assert [r.uid for r in fcfs.schedule_next_batch(0).reqs] == [0, 1]  # the default: arrival order
+    assert [p.uid for p in fcfs.pending] == [2, 3]
+
+    table, cache = _managers(rows=2, num_pages=256)
+    _store(cache, shared)
+    lpm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
+    for p in queue:
+        lpm.add(p)
+    batch = lpm.schedule_next_batch(0)
+    assert [(r.uid, r.cached_len) for r in batch.reqs] == [(2, 20), (3, 10)]  # two rows: the two hits
+    assert [p.uid for p in lpm.pending] == [0, 1]  # the others, still in arrival order
+    assert cache.prefix_cache.protected_size == 20  # the admitted requests lock their prefixes, nothing else
+    cache.check_integrity(batch.reqs)
+
+
+def test_lpm_stops_at_the_first_refusal_in_its_order():
+    table, cache = _managers(rows=4, num_pages=40)
+    shared = list(range(10, 30))
+    _store(cache, shared)
+    pm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
+    pm.add(_pending(0, [5, 6, 7], max_tokens=2))  # small, but behind the hit in lpm order
+    pm.add(_pending(1, shared + [1, 2], max_tokens=30))  # hit 20, needs 31 more pages: 20 free -> refused
+    assert pm.schedule_next_batch(0) is None  # nobody overtakes the refused request
+    assert [p.uid for p in pm.pending] == [0, 1] and cache.prefix_cache.protected_size == 0
+
+
+def _config(model, policy: str, **engine) -> SchedulerConfig:
+    return SchedulerConfig(engine=EngineConfig(model_path=str(model), **small_engine_kwargs(**engine)),
+                           schedule_policy=policy, overlap=False, check_integrity=True)
+
+
+def _shared_prefix_workload(groups: int, per_group: int, prefix_len: int, tail: int, seed: int = 0):
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(10, 200) for _ in range(prefix_len)] for _ in range(groups)]
+    return [prefixes[i % groups] + [rng.randrange(10, 200) for _ in range(tail)] for i in range(groups * per_group)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_greedy_tokens_are_transformers_under_both_policies(overlap, hf_refs):
+    from minisgl.llm import LLM
+
+    prompts = _shared_prefix_workload(groups=3, per_group=3, prefix_len=12, tail=3)
+    outs = {}
+    for policy in ("fcfs", "lpm"):
+        cfg = _config(TINY_QWEN3, policy, max_running_reqs=2, page_size=2)
+        cfg = SchedulerConfig(engine=cfg.engine, schedule_policy=policy, overlap=overlap, check_integrity=True)
+        llm = LLM(config=cfg)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # leaves one group's prefix cached
+        outs[policy] = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=5))]
+        llm.assert_all_free()
+    assert outs["lpm"] == outs["fcfs"] == [hf_refs.get(TINY_QWEN3, p, 5) for p in prompts]
+
+
+def _computed_prompt_tokens(policy: str, prompts, num_pages: int) -> int:
+    from minisgl.llm import LLM
+
+    llm = LLM(config=_config(TINY_LLAMA, policy, max_running_reqs=4, num_pages=num_pages))
+    llm.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    llm.assert_all_free()
+    return sum(sum(t.extend_lens) for t in llm.trace if t.phase == "prefill")
+
+
+def test_lpm_computes_fewer_prompt_tokens_under_cache_pressure():
+    # six system prompts arriving in turn; the pool holds the four running requests and little
+    # more, so first come, first served evicts each prefix before its group comes round again
+    prompts = _shared_prefix_workload(groups=6, per_group=4, prefix_len=48, tail=4)
+    fcfs = _computed_prompt_tokens("fcfs", prompts, num_pages=260)
+    lpm = _computed_prompt_tokens("lpm", prompts, num_pages=260)
+    total = sum(len(p) for p in prompts)
+    assert lpm < fcfs <= total, (lpm, fcfs, total)
+    # lpm runs a cached group's requests together: at least two of each group's four reuse its
+    # prefix (a group first seen in a batch with two of its requests computes the prefix twice,
+    # since a prompt enters the cache only when its request finishes)
+    assert lpm <= total - 2 * 6 * 48, (lpm, total)
+
+
+def test_bad_policy_settings_are_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="fcfs, lpm"):
+        SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA)), schedule_policy="sjf")
+    with pytest.raises(ValueError, match="needs prefix_cache='radix'"):
+        SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA)), prefix_cache="naive", schedule_policy="lpm")
+    table, cache = _managers()
+    with pytest.raises(ValueError, match="schedule_policy"):
+        PrefillManager(table, cache, 8192, schedule_policy="LPM")
+
+
+def test_server_flag_reaches_the_scheduler_config(capsys):
+    from minisgl.server.args import parse_args
+
+    assert parse_args(["--model", str(TINY_LLAMA)]).scheduler_config().schedule_policy == "fcfs"
+    assert parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm"]).scheduler_config().schedule_policy == "lpm"
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm", "--prefix-cache", "naive"])
+    assert e.value.code == 2 and "needs prefix_cache='radix'" in capsys.readouterr().err
