@@ -7,9 +7,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from . import reference, registry
+from . import reference, registry, variants
 from .compare import first_difference
 from .grade import Settings, current_fingerprint, cuda_available, default_threads, expected_from, plan, run_file, run_reference, verdicts
 from .result import Status
@@ -29,9 +29,13 @@ class ExerciseCheck:
         return not self.problems
 
 
-def candidates(exercise_id: str) -> List[Path]:
-    d = registry.folder(exercise_id)
-    return [d / "solution.py", d / "starter.py", *sorted((d / "wrong").glob("*.py"))]
+def candidates(exercise_id: str) -> Dict[str, Path]:
+    """What check grades, by the name it reports: the answer and the wrong variants derived by
+    `variants` (raises VariantError when one cannot be built), and the starter."""
+    files = variants.materialise(registry.load(exercise_id))
+    answer = files.pop("solution.py")
+    wrong = {f"variant {k[len('wrong/'):-len('.py')]}": v for k, v in files.items()}
+    return {"solution": answer, "starter.py": registry.folder(exercise_id) / "starter.py", **wrong}
 
 
 def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> ExerciseCheck:
@@ -39,11 +43,16 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
     ex = registry.load(exercise_id)
     out = ExerciseCheck(exercise_id)
     d = registry.folder(exercise_id)
-    for needed in ("README.md", "hints.md", "starter.py", "solution.py"):
+    for needed in ("README.md", "hints.md", "starter.py"):
         if not (d / needed).is_file():
             out.problems.append(f"missing {needed}")
-    if not list((d / "wrong").glob("*.py")):
-        out.problems.append("no deliberately wrong variants in wrong/*.py")
+    try:
+        cands = candidates(exercise_id)
+    except variants.VariantError as exc:
+        out.problems.append(str(exc))
+        cands = {}
+    if cands and len(cands) == 2:
+        out.problems.append("no deliberately wrong variants in wrong.toml")
     hint_count = len(registry.hints(exercise_id))
     for c in ex.cases:
         if c.hint is not None and not 1 <= c.hint <= hint_count:
@@ -76,15 +85,12 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
             if diff is not None:
                 out.problems.append(f"recorded reference for {key} is stale at '{diff.where}' ({diff.detail or diff.got}): run `python judge.py record {exercise_id}`")
 
-    for cand in candidates(exercise_id):
-        if not cand.is_file():
-            continue
-        must_pass = cand.name == "solution.py"
+    for rel, cand in cands.items():
+        must_pass = rel == "solution"
         # a variant only has to fail once: stop at its first non-passing case
         got = run_file(ex, cand, jobs, settings, stop_at_first_failure=None if must_pass else expected)
         results = [r for r in verdicts(ex, jobs, expected, got) if r.status is not Status.NOT_RUN or got.fatal is not None]
         bad = [r for r in results if not r.passed]
-        rel = cand.relative_to(d)
         if must_pass and bad:
             first = bad[0]
             out.problems.append(f"{rel} should pass but {first.name}: {first.status} {first.where} {first.got} vs {first.expected} {first.message}".strip())

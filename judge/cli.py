@@ -1,4 +1,4 @@
-"""`python judge.py ...`: list, start, hint, grade, check, record."""
+"""`python judge.py ...`: list, start, hint, answer, grade, check, record."""
 
 from __future__ import annotations
 
@@ -64,6 +64,14 @@ def cmd_hint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_answer(args: argparse.Namespace) -> int:
+    from . import variants
+
+    print(f"# A complete answer to {args.exercise}: the engine's own code for each piece, in the starter's shape.")
+    print(variants.base_source(registry.load(args.exercise)), end="")
+    return 0
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
     from .grade import grade
 
@@ -95,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("exercise", help="exercise id")
     h.add_argument("n", type=int, nargs="?", default=1, help="how many hints to show (default 1)")
     h.set_defaults(fn=cmd_hint)
+    a = sub.add_parser("answer", help="print a complete answer (the engine's own code in the starter's shape): read it after trying")
+    a.add_argument("exercise", help="exercise id")
+    a.set_defaults(fn=cmd_answer)
     g = sub.add_parser("grade", help="grade an exercise (same as `judge.py <id>`)")
     g.add_argument("exercise", help="exercise id")
     g.add_argument("--file", default=None, help="grade this file instead of work/<id>.py")
@@ -111,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"list", "start", "hint", "grade", "check", "record", "-h", "--help"}
+    commands = {"list", "start", "hint", "answer", "grade", "check", "record", "-h", "--help"}
     if argv and argv[0] not in commands:
         argv = ["grade", *argv]  # `judge.py <id> [--file PATH]`
     parser = build_parser()

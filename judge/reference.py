@@ -24,10 +24,24 @@ def load(exercise_id: str) -> Optional[Dict[str, Any]]:
     return json.loads(p.read_text())
 
 
+def dumps(data: Dict[str, Any]) -> str:
+    """The recording as JSON with one observation per line, cases in key order: a re-recording
+    that changes one value shows as a one-line diff."""
+    one = lambda x: json.dumps(x, sort_keys=True)  # noqa: E731
+    lines = ["{", f' "exercise": {one(data["exercise"])},', f' "fingerprint": {one(data["fingerprint"])},', ' "cases": {']
+    cases = sorted(data["cases"].items())
+    for i, (key, observations) in enumerate(cases):
+        lines.append(f"  {one(key)}: [")
+        lines += [f"   {one(o)}{',' if j < len(observations) - 1 else ''}" for j, o in enumerate(observations)]
+        lines.append("  ]" + ("," if i < len(cases) - 1 else ""))
+    lines += [" }", "}"]
+    return "\n".join(lines) + "\n"
+
+
 def save(exercise_id: str, fingerprint: Dict[str, str], cases: Dict[str, List[Dict[str, Any]]]) -> None:
     REFERENCE_DIR.mkdir(parents=True, exist_ok=True)
     data = {"exercise": exercise_id, "fingerprint": fingerprint, "cases": cases}
-    path_for(exercise_id).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    path_for(exercise_id).write_text(dumps(data))
 
 
 def describe(fp: Dict[str, str]) -> str:

@@ -101,11 +101,10 @@ class Zygote:
     """The fork server (one per judge process and mode), restarted when it died or when engine or
     judge files changed. `fresh` (CUDA): each worker is a new interpreter instead of a fork."""
 
-    _lock = threading.Lock()
+    _lock = threading.RLock()  # re-entered: a spawn may stop a server, whose sweep takes it again
     _procs: Dict[bool, subprocess.Popen] = {}
     _stamps: Dict[bool, float] = {}
     _running: Dict[int, Optional[int]] = {}  # keepers and workers of running gradings: pid -> start time
-    _dead: Set[int] = set()  # fork servers that died: their orphans are strays
 
     @staticmethod
     def _sources_stamp() -> float:
@@ -174,14 +173,11 @@ class Zygote:
         keeper or worker: left behind by learner code that killed its keeper (or fork server)."""
         with cls._lock:
             servers = {p.pid for p in cls._procs.values()}
-            parents = servers | cls._dead | {os.getpid()}
+            parents = servers | {os.getpid()}  # a dead server's orphans were adopted by the judge
             running = {k for k, start in cls._running.items() if k in tab and (start is None or tab[k].start == start)}
-            out = set()
-            for p in tab.values():
-                if p.ppid in parents and p.pid not in servers and p.pid not in running:
-                    if p.ppid != os.getpid() or procs.marked(p.pid):
-                        out.add(p.pid)
-            return out
+            # marked: ours for certain, even where a dead server's pid was reused by another process
+            return {p.pid for p in tab.values()
+                    if p.ppid in parents and p.pid not in servers and p.pid not in running and procs.marked(p.pid)}
 
     @classmethod
     def _stop(cls, fresh: bool) -> None:
@@ -192,9 +188,10 @@ class Zygote:
             proc.stdin.close()
         except OSError:
             pass
-        cls._dead.add(proc.pid)
-        procs.kill_tree({proc.pid: None})
+        if proc.poll() is None:  # alive (or not yet reaped), so its pid is still its own
+            procs.kill_tree({proc.pid: None})
         proc.wait()
+        procs.kill_tree({}, strays=cls.strays)  # a server that died left its orphans to the judge
 
     @classmethod
     def stop(cls) -> None:

@@ -107,44 +107,15 @@ def test_a_request_that_can_never_fit_is_refused_and_the_loop_goes_on(served):
 
 
 # ---- the chapter's exercise, io-loop ---------------------------------------------------------
-def _methods_without_docstrings(tree, names):
-    import ast
-
-    found = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name in names:
-            body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) else node.body
-            found[node.name] = ast.dump(ast.Module(body=body, type_ignores=[]))
-    return found
-
-
-def test_io_loop_solution_is_the_engine_code():
-    """The exercise's answer and the engine must not drift apart (the recorded reference is the engine's)."""
-    import ast
-    import inspect
-    from pathlib import Path
-
-    from minisgl.scheduler import io
-
-    names = {"handle", "flush", "run_forever"}
-    solution = Path(__file__).resolve().parents[1] / "exercises" / "io-loop" / "solution.py"
-    engine = _methods_without_docstrings(ast.parse(inspect.getsource(io)), names)
-    answer = _methods_without_docstrings(ast.parse(solution.read_text()), names)
-    assert set(answer) == names
-    assert answer == {n: engine[n] for n in names}
-
-
 @pytest.mark.parametrize("variant, case_name, where", [
     ("never_block", "three requests, then an exit", "poll timeout"),
     ("always_block", "three requests, then an exit", "poll timeout"),
     ("flush_after_step", "requests arrive while others decode; an idle query; exit", "the loop's events"),
 ])
 def test_io_loop_tells_a_spinning_or_blocking_loop_apart(variant, case_name, where):
-    from pathlib import Path
+    from judge import grade, variants
 
-    from judge import grade
-
-    path = Path(__file__).resolve().parents[1] / "exercises" / "io-loop" / "wrong" / f"{variant}.py"
+    path = variants.variant_file("io-loop", variant)
     result = grade("io-loop", path, seed=3, save=False)
     failing = [c for c in result.cases if c.status != "pass"]
     assert failing, f"{variant} passed every case"

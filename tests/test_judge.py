@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from judge import api, grade, install, registry
+from judge import api, grade, install, registry, variants
 from judge.compare import first_difference
 from judge.result import GradeResult
 
 REPO = Path(__file__).resolve().parent.parent
-SOLUTION = REPO / "exercises" / "req-lengths" / "solution.py"
+SOLUTION = variants.solution_file("req-lengths")  # the engine's own code in the starter's shape
 
 
 def _variant(tmp_path: Path, name: str, old: str, new: str, source: Path = SOLUTION) -> Path:
@@ -96,7 +96,7 @@ def test_threads_left_running_do_not_hang(tmp_path: Path) -> None:
 
 
 def test_mutated_input_fails(tmp_path: Path) -> None:
-    sampler = REPO / "exercises" / "batched-sampler" / "solution.py"
+    sampler = variants.solution_file("batched-sampler")
     path = _variant(tmp_path, "in_place", "        greedy = logits.argmax(dim=-1)\n", "        logits.mul_(1.0000001)\n        greedy = logits.argmax(dim=-1)\n", sampler)
     result = grade("batched-sampler", path, seed=2, save=False)
     bad = result.first_failure()
@@ -113,14 +113,14 @@ def test_reaching_for_the_reference_is_rejected(tmp_path: Path) -> None:
     result = grade("req-lengths", sneaky, seed=1, save=False)
     assert "rejected" in {c.status for c in result.cases}, str(result)
     assert any("engine's own Req.complete_one" in c.message for c in result.cases)
-    borrowed = tmp_path / "borrowed.py"  # the reference solution, loaded under another name
+    borrowed = tmp_path / "borrowed.py"  # an exercise's own file, loaded under another name
     borrowed.write_text(
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('ref_copy', '/'.join([{str(REPO)!r}, 'exer' + 'cises', 'req-lengths', 'solu' + 'tion.py']))\n"
+        f"spec = importlib.util.spec_from_file_location('ref_copy', '/'.join([{str(REPO)!r}, 'exer' + 'cises', 'req-lengths', 'star' + 'ter.py']))\n"
         "mod = importlib.util.module_from_spec(spec)\nsys.modules['ref_copy'] = mod\nspec.loader.exec_module(mod)\nReq = mod.Req\n"
     )
     result = grade("req-lengths", borrowed, seed=1, save=False)
-    assert result.cases[0].status == "rejected" and "exercises/req-lengths/solution.py" in result.cases[0].message
+    assert result.cases[0].status == "rejected" and "exercises/req-lengths/starter.py" in result.cases[0].message
 
 
 def test_load_errors_are_reported(tmp_path: Path) -> None:
@@ -247,8 +247,8 @@ def test_every_exercise_is_complete() -> None:
 
 
 # ---- the learner's class is installed whole, and super() works as in a subclass -------------------
-PREFILL = REPO / "exercises" / "prefill-adder" / "solution.py"
-OVERLAP = REPO / "exercises" / "overlap-loop" / "solution.py"
+PREFILL = variants.solution_file("prefill-adder")
+OVERLAP = variants.solution_file("overlap-loop")
 
 
 def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
@@ -265,7 +265,7 @@ def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
 
 
 def test_module_level_helpers_go_with_the_function(tmp_path: Path) -> None:
-    moe = REPO / "exercises" / "moe-align" / "solution.py"
+    moe = variants.solution_file("moe-align")
     path = _variant(tmp_path, "module_helper", "    padded = (counts + block_size - 1) // block_size * block_size\n",
                     "    padded = _round_up(counts, block_size)\n", moe)
     path.write_text(path.read_text() + "\n\ndef _round_up(x, m):\n    return (x + m - 1) // m * m\n")

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from judge import progress, registry
+from judge import progress, registry, variants
 from judge.result import CaseResult, GradeResult
 
 REPO = Path(__file__).resolve().parents[1]
-EX = REPO / "exercises" / "req-lengths"
 
 
 def _result(passed: int, total: int = 4, file: str = "work/req-lengths.py") -> GradeResult:
@@ -64,7 +63,7 @@ def test_list_shows_best_and_latest(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_chapter_setup_registers_judge_and_names_the_cell(tmp_path: Path) -> None:
     """In a fresh IPython: no `import judge`, only the chapter's set-up, then a `%%judge` cell."""
-    wrong = (EX / "wrong" / "chunk_off_by_one.py").read_text()
+    wrong = variants.variant_file("req-lengths", "chunk_off_by_one").read_text()
     script = textwrap.dedent(
         f"""
         import sys

@@ -31,14 +31,14 @@ if want notebooks; then
 fi
 if want grade; then
   # a learner's three ways in: the command line, grade() and %%judge in a notebook cell
-  step $PY judge.py store-kv-kernel --file exercises/store-kv-kernel/solution.py
-  step $PY -c 'from judge import grade; r = grade("flashinfer-meta", "exercises/flashinfer-meta/solution.py"); print(r); raise SystemExit(0 if r.ok else 1)'
+  step $PY judge.py store-kv-kernel --file "$($PY -c "from judge import variants; print(variants.solution_file('store-kv-kernel'))")"
+  step $PY -c 'from judge import grade, variants; r = grade("flashinfer-meta", variants.solution_file("flashinfer-meta")); print(r); raise SystemExit(0 if r.ok else 1)'
   step $PY -c '
 from IPython.core.interactiveshell import InteractiveShell
-import judge.magic
+import judge.magic, judge.variants
 shell = InteractiveShell.instance()
 judge.magic.register(shell)
-r = shell.run_cell_magic("judge", "graph-replay", open("exercises/graph-replay/solution.py").read())
+r = shell.run_cell_magic("judge", "graph-replay", judge.variants.solution_file("graph-replay").read_text())
 print(r)
 raise SystemExit(0 if r.ok else 1)'
 fi

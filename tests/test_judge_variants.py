@@ -1,0 +1,90 @@
+"""Exercises derived from the engine: the answer is the engine's own code dropped into the
+starter, a wrong variant is a declared edit of it, and an edit that no longer applies fails
+`judge.py check` loudly instead of silently testing something else."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from judge import check, registry, variants
+from judge.api import Replace
+
+IDS = registry.exercise_ids()
+
+
+def _defs(source: str, replaces) -> dict:
+    """Each replaced symbol's body as an AST dump, its docstring left out."""
+    tree, out = ast.parse(source), {}
+    for r in replaces:
+        node = variants._find(tree, r.owner, r.attr)
+        body = node.body if node is not None else []
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body = body[1:]
+        out[r.qualname] = ast.dump(ast.Module(body=body, type_ignores=[])) if node is not None else None
+    return out
+
+
+def test_engine_source_is_the_live_engine_code() -> None:
+    from minisgl.scheduler.prefill import PrefillAdder
+
+    got = variants.engine_source(Replace("minisgl.scheduler.prefill", "PrefillAdder.try_admit"))
+    assert got == textwrap.dedent(inspect.getsource(PrefillAdder.try_admit))
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_every_exercise_builds_from_the_engine(exercise_id: str) -> None:
+    ex = registry.load(exercise_id)
+    d = registry.folder(exercise_id)
+    assert not (d / "solution.py").exists() and not (d / "wrong").exists(), "answers and variants are derived, not copied"
+    declared = variants.declared(exercise_id)
+    assert declared, f"{exercise_id}: no wrong variants in wrong.toml"
+    base = variants.base_source(ex)
+    compile(base, f"{exercise_id} answer", "exec")
+    # the answer is the engine's code: only the declared [answer] edits may make it differ
+    answer_edits = variants._read(exercise_id).get("answer", {}).get("edits", [])
+    engine = variants.engine_answer(ex)
+    assert base == engine or answer_edits, f"{exercise_id}: the answer differs from the engine's code without a declared edit"
+    assert _defs(engine, ex.replaces) == {r.qualname: _defs(variants.engine_source(r), [Replace(r.module, r.attr)])[r.attr] for r in ex.replaces}
+    for v in declared:
+        wrong = variants.apply(base, v)
+        compile(wrong, f"{exercise_id} {v.name}", "exec")
+        assert sum(len(e.old.splitlines()) + len(e.new.splitlines()) for e in v.edits) <= 16, f"{v.name}: keep a variant a small edit"
+
+
+def _with(monkeypatch: pytest.MonkeyPatch, exercise_id: str, edit: dict) -> None:
+    real = variants._read
+
+    def patched(ex_id: str) -> dict:
+        data = real(ex_id)
+        if ex_id == exercise_id:
+            data = dict(data, variant=[*data["variant"], {"name": "drifted", "why": "a test edit", "edits": [edit]}])
+        return data
+
+    monkeypatch.setattr(variants, "_read", patched)
+
+
+def test_an_edit_that_no_longer_matches_fails_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with(monkeypatch, "base-op", {"old": "            if name.startswith('_'):  # not in the engine\n", "new": ""})
+    with pytest.raises(variants.VariantError, match=r"variant 'drifted', edit 1: its old text does not occur"):
+        variants.materialise(registry.load("base-op"))
+    res = check.check_one("base-op")
+    assert not res.ok and any("'drifted'" in p and "does not occur" in p for p in res.problems), res.problems
+
+
+def test_an_edit_that_matches_twice_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with(monkeypatch, "base-op", {"old": "result", "new": "out"})
+    with pytest.raises(variants.VariantError, match=r"occurs \d+ times"):
+        variants.materialise(registry.load("base-op"))
+
+
+def test_a_variant_that_changes_nothing_or_lacks_a_reason_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    v = variants.Variant("same", "no change", (variants.Edit("import torch\n", "import torch\n"),))
+    with pytest.raises(variants.VariantError, match="changes nothing"):
+        variants.apply("import torch\n", v)
+    monkeypatch.setattr(variants, "_read", lambda ex_id: {"variant": [{"name": "x", "edits": [{"old": "a", "new": "b"}]}]})
+    with pytest.raises(variants.VariantError, match="needs a name, a why"):
+        variants.declared("base-op")
