@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator, List, Literal, Optional, Tuple
 import torch
 
 if TYPE_CHECKING:
-    from minisgl.attention.base import BaseAttnMetadata
+    # for annotations only: the prefix caches are built on this module
     from minisgl.kvcache.base import BaseCacheHandle
 
 
@@ -278,3 +278,9 @@ def set_global_ctx(ctx: Optional[Context]) -> None:
 def get_global_ctx() -> Context:
     assert _GLOBAL_CTX is not None, "no engine is running: build an Engine first"
     return _GLOBAL_CTX
+
+
+class BaseAttnMetadata:
+    """Per-batch facts an attention backend precomputes once and every layer reuses (each backend
+    subclasses it). Declared here, with the `Batch` that carries it, so that the attention package
+    builds on this module and not the other way round."""
