@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, List, Literal, Optional
+from typing import TYPE_CHECKING, Iterator, List, Literal, Optional, Tuple
 
 import torch
 
 if TYPE_CHECKING:
-    from minisgl.attention.base import BaseAttnMetadata
+    # for annotations only: the prefix caches are built on this module
     from minisgl.kvcache.base import BaseCacheHandle
 
 
@@ -152,6 +152,8 @@ class Req:
     seed: int = 0  # per-request sampling seed (derived from the params, or drawn at admission)
     finished: bool = False
     finish_reason: Optional[str] = None
+    # with sampling_params.logprobs >= 0: per output token, (its logprob, top (id, logprob) pairs)
+    token_logprobs: List[Tuple[float, Tuple[Tuple[int, float], ...]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.input_ids.device.type == "cpu" and self.input_ids.dim() == 1
@@ -199,6 +201,11 @@ class Req:
 
     def append_host(self, next_token: int) -> None:
         self.input_ids = torch.cat([self.input_ids, torch.tensor([next_token], dtype=torch.int32)])
+
+    def append_logprobs(self, logprob: float, top: Tuple[Tuple[int, float], ...]) -> None:
+        """The log-probabilities of the token just appended (requests that asked for them)."""
+        assert len(self.token_logprobs) == len(self.output_ids) - 1, f"req {self.uid}: logprobs out of step with tokens"
+        self.token_logprobs.append((logprob, top))
 
     def __repr__(self) -> str:
         return (
@@ -271,3 +278,9 @@ def set_global_ctx(ctx: Optional[Context]) -> None:
 def get_global_ctx() -> Context:
     assert _GLOBAL_CTX is not None, "no engine is running: build an Engine first"
     return _GLOBAL_CTX
+
+
+class BaseAttnMetadata:
+    """Per-batch facts an attention backend precomputes once and every layer reuses (each backend
+    subclasses it). Declared here, with the `Batch` that carries it, so that the attention package
+    builds on this module and not the other way round."""

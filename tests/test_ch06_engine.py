@@ -101,7 +101,7 @@ def test_forward_batch_returns_the_argmax_and_moves_ledgers(model_case):
     map_rows(engine.page_table, engine.page_size, reqs, [r.max_device_len for r in reqs], engine.num_pages)
     batch = Batch(reqs=reqs, phase="prefill")
     fill_batch(batch, engine.page_table)
-    tokens = engine.forward_batch(batch, None)
+    tokens = engine.forward_batch(batch, None).tokens
     assert tokens.dtype == torch.int32
     assert tokens.tolist() == [c[0] for c in conts]
     assert [(r.cached_len, r.device_len) for r in reqs] == [(len(p), len(p) + 1) for p in prompts]

@@ -13,8 +13,8 @@ from typing import List
 import pytest
 import torch
 
-from minisgl.attention.flashinfer_backend import page_layout
-from minisgl.attention.registry import flashinfer_problem, resolve_backend_name
+from minisgl.attention.flashinfer_backend import flashinfer_problem, page_layout
+from minisgl.attention.registry import resolve_backend_name
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kernel import gather_page_indices_ref
 from minisgl.kvcache.base import BaseCacheHandle

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, List
+from typing import List
 
 import torch
 
-if TYPE_CHECKING:
-    from minisgl.core import Batch
+from minisgl.core import BaseAttnMetadata, Batch
 
-
-class BaseAttnMetadata:
-    """Per-batch facts a backend precomputes once and every layer reuses."""
+__all__ = ["BaseAttnBackend", "BaseAttnMetadata"]  # the metadata base lives with the Batch that carries it
 
 
 class BaseAttnBackend(ABC):

@@ -24,7 +24,7 @@ from minisgl.kernel import gather_page_indices, store_kv
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .registry import flashinfer_problem
+FLASHINFER_HEAD_DIMS, FLASHINFER_DTYPES = (64, 128, 256), (torch.float16, torch.bfloat16)  # what its kernels are built for
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -205,3 +205,15 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def prepare_for_replay(self, batch: "Batch") -> None:
         rows, kv_lens = self._padded_rows(batch)
         batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)
+
+
+def flashinfer_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why FlashInfer cannot run this KV cache, or None if it can: the rule the registry's "auto"
+    applies before choosing this backend, and the backend applies when it is built."""
+    if device.type != "cuda":
+        return "it needs the model on a CUDA device"
+    if dtype not in FLASHINFER_DTYPES:
+        return f"it runs in float16 or bfloat16, not {dtype}"
+    if head_dim not in FLASHINFER_HEAD_DIMS:
+        return f"it supports head_dim {', '.join(map(str, FLASHINFER_HEAD_DIMS))}, and this model's is {head_dim}"
+    return None

@@ -14,20 +14,7 @@ from .base import BaseAttnBackend
 from .torch_backend import TorchAttnBackend
 
 
-FLASHINFER_HEAD_DIMS = (64, 128, 256)  # what its kernels are built for (merging split KV included)
-FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
 FLASHINFER_MODULE = "minisgl.attention.flashinfer_backend"  # arrives in chapter 17
-
-
-def flashinfer_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why FlashInfer cannot run this KV cache, or None if it can."""
-    if device.type != "cuda":
-        return "it needs the model on a CUDA device"
-    if dtype not in FLASHINFER_DTYPES:
-        return f"it runs in float16 or bfloat16, not {dtype}"
-    if head_dim not in FLASHINFER_HEAD_DIMS:
-        return f"it supports head_dim {', '.join(map(str, FLASHINFER_HEAD_DIMS))}, and this model's is {head_dim}"
-    return None
 
 
 def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> str:
@@ -35,12 +22,11 @@ def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = t
         return name
     # a staged package (the package as of an earlier chapter) lacks the FlashInfer backend: "auto"
     # chooses among what the package holds
-    if (
-        flashinfer_problem(device, dtype, head_dim) is None
-        and importlib.util.find_spec("flashinfer") is not None
-        and package_has(FLASHINFER_MODULE)
-    ):
-        return "flashinfer"
+    if package_has(FLASHINFER_MODULE) and importlib.util.find_spec("flashinfer") is not None:
+        from .flashinfer_backend import flashinfer_problem  # the backend knows what its kernels run
+
+        if flashinfer_problem(device, dtype, head_dim) is None:
+            return "flashinfer"
     return "torch"  # the reference path runs everything, only slower
 
 

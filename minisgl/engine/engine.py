@@ -19,7 +19,7 @@ from minisgl.utils import div_ceil, package_has
 from minisgl.utils.logger import get_logger
 
 from .config import EngineConfig
-from .sample import BatchSamplingArgs, Sampler
+from .sample import Sampler, SamplerOutput, SamplingPlan
 
 logger = get_logger(__name__)
 
@@ -90,8 +90,9 @@ class Engine:
     def kv_pool_bytes(self) -> int:
         return self.kv_cache.buffer.numel() * self.kv_cache.buffer.element_size()
 
-    def forward_batch(self, batch: Batch, args: BatchSamplingArgs | None) -> torch.Tensor:
-        """Run the model on a prepared batch; returns the next token of each request (`[bs]` int32)."""
+    def forward_batch(self, batch: Batch, plan: SamplingPlan | None) -> SamplerOutput:
+        """Run the model on a prepared batch; returns the next token of each request (`.tokens`,
+        `[bs]` int32) and, where the plan asks, their log-probabilities."""
         # the layers read the KV pool and backend from the global context: make it this engine's,
         # so that several engines in one process (tests, notebooks) never use each other's pools
         set_global_ctx(self.ctx)
@@ -103,7 +104,7 @@ class Engine:
                 logits = self.model.forward()
         for req in batch.reqs:
             req.complete_one()
-        return self.sampler.sample(logits[: batch.size], args)
+        return self.sampler.run(logits[: batch.size], plan)
 
     def wants_cuda_graph(self) -> bool:
         """Capture decode steps as CUDA graphs: on CUDA, unless switched off, with a backend that

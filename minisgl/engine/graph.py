@@ -17,15 +17,15 @@ from __future__ import annotations
 import bisect
 import gc
 import time
-from typing import TYPE_CHECKING, Dict, List
+from typing import Dict, List, Protocol
 
 import torch
 
-from minisgl.core import Batch
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.core import Batch, Context
+from minisgl.engine.config import EngineConfig
+from minisgl.models.llama import CausalLM
 from minisgl.utils.logger import get_logger
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 logger = get_logger(__name__)
 
@@ -40,7 +40,7 @@ def graph_batch_sizes(max_bs: int) -> List[int]:
 
 
 class GraphRunner:
-    def __init__(self, engine: "Engine", max_bs: int):
+    def __init__(self, engine: "GraphHost", max_bs: int):
         self.engine = engine
         self.max_bs = min(max_bs, engine.config.max_running_reqs)
         self.bs_list = graph_batch_sizes(self.max_bs)
@@ -110,3 +110,16 @@ class GraphRunner:
         self.engine.attn_backend.prepare_for_replay(batch)
         self.graphs[pad].replay()
         return self.logits[pad][:bs]
+
+
+class GraphHost(Protocol):
+    """What a `GraphRunner` uses of the `Engine` that builds it (named here rather than imported,
+    so that the engine module imports this one and not the other way round)."""
+
+    config: EngineConfig
+    device: torch.device
+    page_size: int
+    dummy_page: int  # the page table's dummy row points here: padding requests read and write it
+    attn_backend: BaseAttnBackend
+    ctx: Context
+    model: CausalLM

@@ -5,16 +5,22 @@ stateful generator, so a request's tokens do not depend on which other requests 
 batch, every tensor-parallel rank draws the same token, and the kernel sequence is fixed
 (CUDA-graph friendly). Sampling itself is the exponential race: `argmax(p_i / E_i)` with
 `E_i ~ Exp(1)` picks token i with probability p_i.
+
+Around the draw, `Sampler.run` first lets the logits processors (`processors.py`: penalties,
+biases, masks, min_p) change the logits, and afterwards reports log-probabilities for the rows
+that asked. Every step is a handful of batched tensor operations, whatever the mix of settings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import Iterable, List, Optional
 
 import torch
 
 from minisgl.core import Req
+
+from .processors import LogitsArgs, apply_min_p, make_logits_args, process_logits
 
 _MASK32 = 0xFFFFFFFF
 
@@ -26,7 +32,7 @@ class BatchSamplingArgs:
     temperatures: torch.Tensor  # [bs] float32, 0 rows are greedy
     top_k: torch.Tensor  # [bs] int64, vocab size where off
     top_p: torch.Tensor  # [bs] float32
-    seeds: torch.Tensor  # [bs] int64
+    seeds: torch.Tensor  # [bs] int64: the 64-bit seed, two's complement
     steps: torch.Tensor  # [bs] int64 position of the token being sampled
     use_top_k: bool
     use_top_p: bool
@@ -41,7 +47,7 @@ def make_sampling_args(reqs: List[Req], vocab_size: int, device: torch.device) -
         temps.append(0.0 if sp.is_greedy else sp.temperature)
         top_k.append(vocab_size if sp.top_k < 0 else min(sp.top_k, vocab_size))
         top_p.append(sp.top_p)
-        seeds.append(r.seed & 0x7FFFFFFF)
+        seeds.append(r.seed - (1 << 64) if r.seed >= 1 << 63 else r.seed)  # as int64, all 64 bits kept
         steps.append(r.device_len)  # the position the sampled token will take
     return BatchSamplingArgs(
         temperatures=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
@@ -54,6 +60,19 @@ def make_sampling_args(reqs: List[Req], vocab_size: int, device: torch.device) -
     )
 
 
+def make_sampling_plan(
+    reqs: List[Req], vocab_size: int, device: torch.device, history: torch.Tensor, eos_ids: Iterable[int], bitmask: Optional[torch.Tensor] = None
+) -> Optional[SamplingPlan]:
+    """What the sampler does to this batch (None: plain greedy). `history` is the token pool the
+    penalties count from; `bitmask` the grammar's (host, `[bs, words]` int32) or None."""
+    sampling = make_sampling_args(reqs, vocab_size, device)
+    logits = make_logits_args(reqs, device, history, eos_ids, bitmask)
+    top = max(r.sampling_params.logprobs for r in reqs)
+    if sampling is None and logits is None and top < 0:
+        return None
+    return SamplingPlan(sampling, logits, top)
+
+
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer hash done in int64 without overflow (products stay below 2**59)."""
     for _ in range(2):
@@ -63,11 +82,40 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def hashed_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """`[bs, vocab]` floats in (0, 1), a pure function of (seed, step, vocab id)."""
+    """`[bs, vocab]` floats in (0, 1), a pure function of (seed, step, vocab id).
+
+    The seed's low 32 bits drive one hash lane; its high 32 bits drive a second one, xor-ed in
+    where they are not zero (so seeds below 2**32 keep the streams they always had)."""
     idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    base = _mix32((_mix32(seeds & _MASK32) ^ (steps * 0x9E3779B1 & _MASK32)) & _MASK32)
+    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
+    base = _mix32((_mix32(lo) ^ (steps * 0x9E3779B1 & _MASK32)) & _MASK32)
     x = _mix32((base[:, None] + idx[None, :] * 0x85EBCA77) & _MASK32)
+    base_hi = _mix32((_mix32(hi) ^ (steps * 0x27D4EB2F & _MASK32)) & _MASK32)
+    x_hi = _mix32((base_hi[:, None] + idx[None, :] * 0xC2B2AE3D) & _MASK32)
+    x = x ^ torch.where(hi[:, None] != 0, x_hi, 0)
     return ((x >> 8).float() + 0.5) / float(1 << 24)
+
+
+@dataclass
+class SamplingPlan:
+    """Everything the sampler does to one batch's logits. `None` in place of a plan: greedy only."""
+
+    sampling: Optional[BatchSamplingArgs]  # the draw; None: every row is greedy
+    logits: Optional[LogitsArgs] = None  # penalties, biases and masks; None: logits used as they are
+    top_logprobs: int = -1  # the most alternatives a row asked for; -1: no row wants logprobs
+
+
+@dataclass
+class SamplerOutput:
+    """One batch's sampled tokens and, where asked, their log-probabilities.
+
+    Log-probabilities are those of the model's own distribution, `log_softmax(logits)`, before
+    penalties, biases, masks and temperature (what transformers calls the raw logits)."""
+
+    tokens: torch.Tensor  # [bs] int32
+    logprobs: Optional[torch.Tensor] = None  # [bs] float32: log p(the chosen token)
+    top_ids: Optional[torch.Tensor] = None  # [bs, k] int32: the k most likely tokens, most likely first
+    top_logprobs: Optional[torch.Tensor] = None  # [bs, k] float32
 
 
 class Sampler:
@@ -93,3 +141,21 @@ class Sampler:
         race = probs / -torch.log(hashed_uniform(args.seeds, args.steps, self.vocab_size))
         sampled = race.argmax(dim=-1)
         return torch.where(args.temperatures == 0, greedy, sampled).to(torch.int32)
+
+    def run(self, logits: torch.Tensor, plan: Optional[SamplingPlan]) -> SamplerOutput:
+        """Process the logits, draw one token per row and report log-probabilities.
+        logits: `[bs, vocab]` (left unchanged)."""
+        if plan is None:
+            return SamplerOutput(self.sample(logits, None))
+        processed = logits
+        if plan.logits is not None:
+            processed = process_logits(logits, plan.logits)
+            if plan.logits.min_p is not None and plan.sampling is not None:
+                processed = apply_min_p(processed, plan.sampling.temperatures, plan.logits.min_p)
+        out = SamplerOutput(self.sample(processed, plan.sampling))
+        if plan.top_logprobs >= 0:
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            out.logprobs = logprobs.gather(1, out.tokens.long()[:, None])[:, 0]
+            top = logprobs.topk(plan.top_logprobs, dim=-1)
+            out.top_ids, out.top_logprobs = top.indices.to(torch.int32), top.values
+        return out

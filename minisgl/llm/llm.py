@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -26,6 +26,10 @@ class RequestOutput:
     text: str = ""
     finish_reason: Optional[str] = None
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    # with SamplingParams.logprobs >= 0, one entry per token: its log-probability, and the most
+    # likely (token id, log-probability) pairs at that position, most likely first
+    logprobs: List[float] = field(default_factory=list)
+    top_logprobs: List[Tuple[Tuple[int, float], ...]] = field(default_factory=list)
 
 
 class LLM(TensorParallelMixin, Scheduler):
@@ -105,6 +109,10 @@ class LLM(TensorParallelMixin, Scheduler):
             if not out.token_ids:
                 out.cached_tokens = req.cache_handle.cached_len
             out.token_ids.append(token)
+            if req.token_logprobs:
+                logprob, top = req.token_logprobs[-1]
+                out.logprobs.append(logprob)
+                out.top_logprobs.append(top)
         out.finish_reason = finish_reason
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:

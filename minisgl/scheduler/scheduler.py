@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
-from minisgl.engine import Engine, make_sampling_args
+from minisgl.engine import Engine, SamplerOutput, make_sampling_plan
+from minisgl.engine.grammar import GrammarManager
 from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import div_ceil
 
@@ -47,6 +48,20 @@ class ForwardResult:
     next_tokens: torch.Tensor  # [bs] on the CPU, valid once `done` has fired
     done: Optional[torch.cuda.Event]
     uids: frozenset = field(default_factory=frozenset)
+    logprobs: Optional[SamplerOutput] = None  # host copies of the log-probabilities, when asked
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """Start copying a device tensor to the host (page-locked, so it is asynchronous)."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+def _logprob_lists(out: SamplerOutput) -> tuple:
+    """(chosen logprob per row, top ids per row, top logprobs per row) as Python lists."""
+    return out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()
 
 
 class Scheduler:
@@ -60,6 +75,7 @@ class Scheduler:
         prefix_cache = create_prefix_cache(config.prefix_cache, self.engine.page_size, self.device)
         self.cache = CacheManager(self.engine.num_pages, self.engine.page_size, prefix_cache, self.engine.page_table)
         self.decode = DecodeManager()
+        self.grammar = GrammarManager(config.engine.model_path, self.engine.model_config.vocab_size, self.eos_ids)
         self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens, config.schedule_policy)
         self.live: Dict[int, Req] = {}  # admitted and not yet freed
         self.unprocessed: List[ForwardResult] = []  # launched, results not read yet
@@ -71,6 +87,9 @@ class Scheduler:
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
         """One turn of the main loop, after receiving: schedule, prepare, forward, process."""
+        if self.grammar.active:  # a grammar's next bitmask needs the last token on the host
+            for older in list(self.unprocessed):
+                self.process_results(older)
         batch = self.schedule_next_batch()
         result = self.launch(batch) if batch is not None else None
         if self.config.overlap:
@@ -107,6 +126,8 @@ class Scheduler:
                 f"prompt ({n}) plus max_tokens ({params.max_tokens}) needs more KV memory than the pool "
                 f"holds ({self.cache.num_pages * self.cache.page_size} tokens)"
             )
+        if params.json_mode != "off":
+            self.grammar.compile(params)  # a schema xgrammar cannot use is refused here (compiled once, cached)
 
     def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
         """Queue a request (raises InvalidRequestError before queueing if it can never run)."""
@@ -114,11 +135,13 @@ class Scheduler:
         self.validate(ids, params)
         uid = next(self._uids) if uid is None else uid
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(31)
+        self.grammar.add(uid, params)  # a JSON request's matcher, from the grammar validate compiled
         self.prefill.add(PendingReq(uid, ids, params, seed))
         return uid
 
     def abort_request(self, uid: int) -> None:
         if self.prefill.remove_pending(uid) is not None:
+            self.grammar.release(uid)
             self.on_finish_unstarted(uid, "abort")
             return
         req = self.live.get(uid)
@@ -177,8 +200,9 @@ class Scheduler:
         self.trace.append(StepTrace(self._step, batch.phase, [r.uid for r in batch.reqs], [r.extend_len for r in batch.reqs], [r.cached_len for r in batch.reqs]))
         self._step += 1
         sampled = [not r.is_chunk for r in batch.reqs]
-        args = make_sampling_args(batch.reqs, self.engine.model_config.vocab_size, self.device)
-        next_tokens = self.engine.forward_batch(batch, args)  # moves each ledger on
+        plan = make_sampling_plan(batch.reqs, self.engine.model_config.vocab_size, self.device, self.table.token_pool, self.eos_ids, self.grammar.fill(batch.reqs))
+        out = self.engine.forward_batch(batch, plan)  # moves each ledger on
+        next_tokens = out.tokens
         # the sampled token goes where the next step will read it, without a host round trip
         keep = [i for i, s in enumerate(sampled) if s]
         if keep:
@@ -188,14 +212,14 @@ class Scheduler:
             where = where.to(self.device, non_blocking=True)
             self.table.token_pool[where[1], where[2]] = next_tokens if len(keep) == len(sampled) else next_tokens[where[0]]
         self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
+        logprobs = None
+        if out.logprobs is not None:
+            logprobs = SamplerOutput(next_tokens, _to_host(out.logprobs), _to_host(out.top_ids), _to_host(out.top_logprobs))
+        host, done = _to_host(next_tokens), None
         if self.device.type == "cuda":
-            host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
-            host.copy_(next_tokens, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-        else:
-            host, done = next_tokens, None
-        result = ForwardResult(batch, sampled, host, done, frozenset(r.uid for r in batch.reqs))
+        result = ForwardResult(batch, sampled, host, done, frozenset(r.uid for r in batch.reqs), logprobs)
         self.unprocessed.append(result)
         return result
 
@@ -205,13 +229,16 @@ class Scheduler:
         if result.done is not None:
             result.done.synchronize()
         tokens = result.next_tokens.tolist()
-        for req, sampled, token in zip(result.batch.reqs, result.sampled, tokens):
+        logprobs = _logprob_lists(result.logprobs) if result.logprobs is not None else None
+        for i, (req, sampled, token) in enumerate(zip(result.batch.reqs, result.sampled, tokens)):
             if req.finished:  # finished earlier (or aborted); this step's work is thrown away
                 self._free_if_idle(req)
                 continue
             if not sampled:
                 continue
             req.append_host(token)
+            if logprobs is not None and req.sampling_params.logprobs >= 0:
+                req.append_logprobs(logprobs[0][i], tuple(zip(logprobs[1][i], logprobs[2][i]))[: req.sampling_params.logprobs])
             reason = self._finish_reason(req, token)
             self.on_token(req, token, reason)
             if reason is not None:
@@ -243,6 +270,7 @@ class Scheduler:
     def _free(self, req: Req) -> None:
         """The one place a request's resources go back: pages (or cache), lock, and row."""
         assert self.live.pop(req.uid, None) is req, f"request {req.uid} freed twice"
+        self.grammar.release(req.uid)
         self.cache.release(req)
         self.table.free(req.table_idx)
 

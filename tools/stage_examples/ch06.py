@@ -13,7 +13,7 @@ req = Req(ids, table_idx=0, cached_len=0, uid=0, sampling_params=SamplingParams(
 engine.page_table[0, : len(ids)] = torch.arange(len(ids), dtype=torch.int32)
 batch = Batch([req], "prefill", input_ids=ids, positions=torch.arange(len(ids)),
               out_loc=torch.arange(len(ids)), last_indices=torch.tensor([len(ids) - 1]))
-token = int(engine.forward_batch(batch, None)[0])
+token = int(engine.forward_batch(batch, None).tokens[0])
 hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 ref = int(hf(ids[None].long()).logits[0, -1].argmax())
 assert token == ref, (token, ref)
