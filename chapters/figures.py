@@ -605,3 +605,49 @@ def emulated_timelines(events: List[tuple], device_speedup: float = 1.0):
                    loc="upper right", bbox_to_anchor=(1, 1.45))
     fig.tight_layout()
     return fig, normal_total, overlap_total
+
+
+def overlap_results(path) -> List[Dict[str, object]]:
+    """The rows `python -m minisgl.benchmark.overlap --json PATH` wrote."""
+    import json
+    from pathlib import Path
+
+    return json.loads(Path(path).read_text())
+
+
+def overlap_table(results: Sequence[Dict[str, object]]) -> str:
+    """One line per batch size: each phase of a step with overlap off, and the two step times."""
+    rows = []
+    for r in results:
+        off, on = r["off"], r["on"]
+        ph = off["phases_ms"]
+        busy = ph["schedule"] + ph["prepare"] + ph["read"]
+        rows.append({"batch": r["batch_size"], **{p: f"{ph[p]:.2f}" for p in ("schedule", "prepare", "launch", "wait", "read")},
+                     "step, off": f"{off['step_ms']:.2f}", "sched+prep+read": f"{100 * busy / off['step_ms']:.0f}%",
+                     "step, on": f"{on['step_ms']:.2f}", "saved": f"{100 * (1 - on['step_ms'] / off['step_ms']):.0f}%"})
+    return table(rows)
+
+
+def overlap_measured_figure(results: Sequence[Dict[str, object]], title: str = ""):
+    """Per batch size, a decode step with overlap off (its phases, as measured on the host)
+    above the same step with overlap on (its measured length)."""
+    colours = {"schedule": "#59a14f", "prepare": "#76b7b2", "launch": "#edc948", "wait": DECODE, "read": PREFILL}
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.75 * len(results)))
+    labels = []
+    for i, r in enumerate(results):
+        y = 2 * i
+        x = 0.0
+        for phase, c in colours.items():
+            d = r["off"]["phases_ms"][phase]
+            ax.barh(y, d, left=x, color=c, edgecolor="white", height=0.8)
+            x += d
+        ax.barh(y + 0.9, r["on"]["step_ms"], color="#bab0ac", height=0.8)
+        labels += [(y, f"batch {r['batch_size']}, overlap off"), (y + 0.9, "overlap on")]
+    ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per decode step (medians over the steps of one run)")
+    handles = [Patch(color=c, label=k) for k, c in colours.items()] + [Patch(color="#bab0ac", label="whole step, overlap on")]
+    ax.legend(handles=handles, fontsize=7, ncol=3, loc="lower right")
+    ax.set_title(title, fontsize=10, loc="left")
+    fig.tight_layout()
+    return fig

@@ -178,7 +178,7 @@ class Req:
 
     @property
     def is_chunk(self) -> bool:
-        """True while this step computes only part of the prompt: nothing is sampled."""
+        """True while this step computes only part of the prompt: the token it samples is thrown away."""
         return self.device_len < self.prompt_len
 
     @property

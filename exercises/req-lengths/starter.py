@@ -20,7 +20,7 @@ class Req(EngineReq):
 
     @property
     def is_chunk(self) -> bool:
-        """True while the pending pass covers only part of the prompt (nothing is sampled)."""
+        """True while the pending pass covers only part of the prompt (its sampled token is thrown away)."""
         raise NotImplementedError("req-lengths: write Req.is_chunk")
 
     @property

@@ -1,7 +1,7 @@
 """Messages between the processes of the server, and their wire format."""
 
 from .backend import AbortMsg, ExitMsg, StatusQuery, UserMsg
-from .frontend import ErrorReply, UserReply
+from .frontend import ErrorReply, TokenLogprob, UserReply
 from .serde import BatchMsg, SerdeError, deserialize, message, serialize
 from .tokenizer import DetokenizeMsg, SchedulerErrorMsg, StatusMsg, TokenizeMsg
 
@@ -15,6 +15,7 @@ __all__ = [
     "SerdeError",
     "StatusMsg",
     "StatusQuery",
+    "TokenLogprob",
     "TokenizeMsg",
     "UserMsg",
     "UserReply",

@@ -23,6 +23,7 @@ class TokenizeMsg:
     sampling_params: SamplingParams
     max_tokens_from_context: bool = False  # no max_tokens given: run up to the context length
     stop: List[str] = field(default_factory=list)  # stop strings, cut from the text
+    echo: bool = False  # the first reply's text starts with the prompt's
 
 
 @message
@@ -64,3 +65,7 @@ class StatusMsg:
     integrity_ok: bool
     max_seq_len: int
     aborted_requests: int = 0  # since start: requests ended by an AbortMsg (running or waiting)
+    waiting_requests: int = 0  # queued, not admitted yet
+    running_requests: int = 0  # admitted: prefilling or decoding
+    prompt_tokens: int = 0  # since start: prompt tokens of admitted requests
+    prefix_hit_tokens: int = 0  # since start: of those, the ones the prefix cache already held

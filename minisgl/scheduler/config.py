@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from minisgl.engine.config import EngineConfig
 from minisgl.env import ENV
@@ -20,14 +21,24 @@ def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
 class SchedulerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefix_cache: str = "radix"  # "radix" | "naive"
-    max_extend_tokens: int = 8192  # prefill token budget per step; longer prompts are chunked
+    # prefill token budget per step; longer prompts are chunked. None: suited to the device, so
+    # that one long prompt never makes a step of many seconds (resolved in __post_init__)
+    max_extend_tokens: Optional[int] = None
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm": order waiting requests by arrival or by cached prefix
     overlap: bool = not ENV.disable_overlap  # plan step N+1 while step N runs
     check_integrity: bool = ENV.check_integrity  # check every table row and page after each step
 
     def __post_init__(self) -> None:
+        if self.max_extend_tokens is None:
+            object.__setattr__(self, "max_extend_tokens", default_extend_budget(self.engine.torch_device.type))
         if self.prefix_cache not in ("radix", "naive"):
             raise ValueError(f"prefix_cache must be 'radix' or 'naive', got {self.prefix_cache!r}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
+
+
+def default_extend_budget(device_type: str) -> int:
+    """Prefill tokens per step by default: 8192 on a GPU (a step stays well under a second for
+    the models here), 256 on the CPU (where a token of prefill costs milliseconds, not microseconds)."""
+    return 8192 if device_type == "cuda" else 256

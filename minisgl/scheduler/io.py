@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional
 
-from minisgl.core import InvalidRequestError, Req
+from minisgl.core import Batch, InvalidRequestError, Req
 from minisgl.llm.tp import TensorParallelMixin
 from minisgl.message import (
     AbortMsg,
@@ -36,7 +36,11 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         self.send_queue = ZmqPushQueue(send_addr, bind=False)
         self.outbox: List[Any] = []
         self.running = True
-        self.aborted = 0  # requests ended by an AbortMsg, for the status report
+        # since start, for the status report (and the server's /metrics)
+        self.aborted = 0  # requests ended by an AbortMsg
+        self.prompt_tokens = 0  # prompt tokens of admitted requests
+        self.prefix_hit_tokens = 0  # of those, the ones found in the prefix cache
+        self._integrity, self._integrity_checked_at = True, -1  # see _integrity_ok
 
     # ---- results out: collected during a step, sent after it ---------------------------------
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
@@ -51,6 +55,14 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         if self.outbox:
             self.send_queue.put(self.outbox[0] if len(self.outbox) == 1 else BatchMsg(self.outbox))
             self.outbox = []
+
+    def schedule_next_batch(self) -> Optional[Batch]:
+        batch = super().schedule_next_batch()
+        for r in batch.reqs if batch is not None and batch.phase == "prefill" else []:
+            if r.cached_len == r.cache_handle.cached_len:  # just admitted (not a later chunk)
+                self.prompt_tokens += r.prompt_len
+                self.prefix_hit_tokens += r.cached_len
+        return batch
 
     # ---- requests in -------------------------------------------------------------------------
     def receive(self, timeout_s: Optional[float]) -> List[Any]:
@@ -77,12 +89,21 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         else:
             raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
 
+    def _integrity_ok(self) -> bool:
+        """The full check walks every page (~0.5 s for a CPU pool of 500k pages), so it runs only
+        when idle, and once per idle period: status queries (health probes, metrics scrapes)
+        must not stall the engine. While busy this is the answer of the last idle check."""
+        if self.is_idle and self._integrity_checked_at != self._step:
+            try:
+                self.check_integrity()
+                self._integrity = True
+            except AssertionError:
+                self._integrity = False
+            self._integrity_checked_at = self._step
+        return self._integrity
+
     def status(self, uid: int) -> StatusMsg:
-        try:
-            self.check_integrity()
-            ok = True
-        except AssertionError:
-            ok = False
+        ok = self._integrity_ok()
         ps = self.cache.page_size
         return StatusMsg(
             uid=uid,
@@ -96,6 +117,10 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
             integrity_ok=ok,
             max_seq_len=self.max_seq_len,
             aborted_requests=self.aborted,
+            waiting_requests=len(self.prefill.pending),
+            running_requests=len(self.live),
+            prompt_tokens=self.prompt_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
         )
 
     # ---- the loop ----------------------------------------------------------------------------

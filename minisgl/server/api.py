@@ -3,37 +3,41 @@
 Streaming responses are Server-Sent Events: ``data: <json>\\n\\n`` per chunk, then
 ``data: [DONE]``. We wait for the first reply before answering, so a refused request gets a real
 HTTP error status instead of a stream that fails halfway. If the client goes away, its handler is
-cancelled, and closing its `RequestStream` aborts the request in the scheduler.
+cancelled, and closing its `RequestStream` aborts the request in the scheduler. A response with
+several choices streams each one's events (`sse_events`) interleaved, tagged by choice index.
+
+A watchdog checks the other processes four times a second: when one dies, every open request
+ends with a 503 and the server exits with a non-zero status (a supervisor restarts it whole).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from minisgl.core import SamplingParams
 from minisgl.message import UserReply
 
 from .args import ServerArgs
-from .frontend import FrontendManager, RequestFailed
+from .choices import Choice, gather_or_cancel, total_usage
+from .errors import BodyLimit, error, error_body, install_error_handlers
+from .frontend import FrontendManager, Lifecycle, RequestFailed
 from .launch import Backend
-from .protocol import ChatCompletionRequest, CompletionRequest, _Common
+from .metrics import CONTENT_TYPE, Metrics
+from .chat import ChatCompletionRequest
+from .protocol import CompletionRequest, _Common
 
 T = TypeVar("T")
 # (text or None, finish_reason or None, start=False) -> a chunk dict, or with start=True a list of them
 ChunkMaker = Callable[..., Any]
-
-
-def error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+DONE = "data: [DONE]\n\n"
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 
 
 class ClientGone(Exception):
@@ -86,107 +90,187 @@ def usage(reply: UserReply) -> Dict[str, int]:
     return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens, "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
+async def merged_events(choices: List[Choice], base: Dict[str, Any], usage_of: Callable[[], Dict[str, int]], include_usage: bool) -> AsyncIterator[str]:
+    """Every choice's `sse_events`, interleaved as they come, then one usage chunk and ``[DONE]``.
+    A choice that fails (the engine died, the drain time ran out) ends the stream with an error event."""
+    lines: asyncio.Queue = asyncio.Queue()
+
+    async def pump(c: Choice) -> None:
+        try:
+            async for line in sse_events(c.first, c.next, lambda *a, **k: c.chunk(base, *a, **k), False):
+                if line != DONE:
+                    await lines.put(line)
+            await lines.put(None)
+        except (RequestFailed, ClientGone) as e:
+            await lines.put(e)
+
+    tasks = [asyncio.ensure_future(pump(c)) for c in choices]
+    try:
+        left = len(tasks)
+        while left:
+            line = await lines.get()
+            if isinstance(line, ClientGone):
+                return  # nobody to tell
+            if isinstance(line, RequestFailed):
+                yield sse(error_body(line.status, line.message))
+                yield DONE
+                return
+            if line is None:
+                left -= 1
+            else:
+                yield line
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": usage_of()})
+        yield DONE
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     frontend = FrontendManager(backend.addrs) if backend is not None else None
+    lifecycle = Lifecycle()
+    metrics = Metrics()
     names = {args.model_name, args.model}
     created = int(time.time())
+
+    async def watchdog() -> None:
+        while not lifecycle.dead:
+            await asyncio.sleep(0.25)
+            dead = backend.dead()
+            if dead:
+                lifecycle.dead = ", ".join(dead)
+                frontend.fail_all(503, lifecycle.refusal())
+                await asyncio.sleep(0.5)  # the handlers answer their clients
+                lifecycle.stop_serving()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         frontend.start()
+        watch = asyncio.get_running_loop().create_task(watchdog())
         yield
+        watch.cancel()
         await frontend.stop()
 
     app = FastAPI(title="minisgl", lifespan=lifespan)
+    app.state.lifecycle, app.state.frontend, app.state.metrics = lifecycle, frontend, metrics
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=args.max_request_bytes)
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        if first.get("type") == "json_invalid":
-            return error(400, f"the request body is not valid JSON: {first.get('msg')}")
-        field = ".".join(loc) or "body"
-        return error(400, f"{field}: {first.get('msg')}", param=field)
+    @app.middleware("http")
+    async def count(request: Request, call_next: Callable) -> Response:
+        response = await call_next(request)
+        path = request.url.path
+        route = path if path in ROUTES else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        return response
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        dead = backend.dead()
-        if dead:
-            return error(503, f"server processes died: {', '.join(dead)}")
+        refusal = lifecycle.refusal()
+        if refusal:
+            return error(503, refusal)
         try:
-            st = await frontend.status()
-        except asyncio.TimeoutError:
-            return error(503, "the scheduler did not answer within 10 s")
+            st = await frontend.status(timeout_s=2.0)
+        except asyncio.TimeoutError:  # alive (the watchdog says so) and in a long step
+            last = {k: v for k, v in vars(frontend.last_status).items() if k != "uid"} if frontend.last_status else {}
+            return JSONResponse({**last, "status": "busy", "message": "the scheduler is in a long step; these counts are from before it"})
         body = {k: v for k, v in vars(st).items() if k != "uid"}
         return JSONResponse({"status": "ok", **body})
 
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        if not lifecycle.dead:
+            try:
+                await frontend.status(timeout_s=1.0)
+            except asyncio.TimeoutError:
+                pass  # busy: report the last counts
+        metrics.scheduler.status = frontend.last_status
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    def card() -> Dict[str, Any]:
+        return {"id": args.model_name, "object": "model", "created": created, "owned_by": "minisgl", "max_model_len": backend.info["max_seq_len"]}
+
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
-        card = {"id": args.model_name, "object": "model", "created": created, "owned_by": "minisgl", "max_model_len": backend.info["max_seq_len"]}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
 
-    async def run(request: Request, body: _Common, prompt: Any, chat: bool, make_chunk, make_final) -> Any:
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Any:
+        if model_id not in names:
+            return error(404, f"model {model_id!r} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
+        return card()
+
+    async def respond(request: Request, body: _Common, prompts: List[Any], chat: bool, echo: bool = False) -> Any:
         if body.model not in names:
             return error(404, f"model {body.model!r} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
-        stream = await frontend.submit(prompt, chat, body.sampling_params(), body.limit() is None, body.stop_list())
+        refusal = lifecycle.refusal()
+        if refusal:
+            return error(503, refusal)
+        params = [body.sampling_params(j) for j in range(body.n)]  # a refused value fails here, before any submit
+        wait = lambda aw: until_done_or_gone(request, aw)  # noqa: E731
+        choices: List[Choice] = []
         try:
-            first = await until_done_or_gone(request, stream.next())
-            rid = f"{'chatcmpl' if chat else 'cmpl'}-{first.uid}"
+            if body.n > 1 and args.prefix_cache == "radix":
+                await gather_or_cancel([warm_up(p, chat, wait) for p in prompts])
+            for i, prompt in enumerate(prompts):
+                for j, p in enumerate(params):
+                    stream = await frontend.submit(prompt, chat, p, body.limit() is None, body.stop_list(), echo)
+                    choices.append(Choice(i * body.n + j, stream, chat, p.logprobs >= 0, wait))
+            await gather_or_cancel([c.next() for c in choices])
+            base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{choices[0].stream.uid}", "created": int(time.time()), "model": args.model_name}
             if not body.stream:
-                replies = [first]
-                while not replies[-1].finished:
-                    replies.append(await until_done_or_gone(request, stream.next()))
-                return make_final(rid, "".join(r.text for r in replies), replies[-1])
+                await gather_or_cancel([c.finish() for c in choices])
+                record(choices, body.n)
+                kind = "chat.completion" if chat else "text_completion"
+                return {**base, "object": kind, "choices": [c.final() for c in choices], "usage": total_usage(choices, len(prompts))}
         except RequestFailed as e:
             return error(e.status, e.message)
         except ClientGone:
             return error(499, "client closed the request")
         finally:
-            if not body.stream or stream.finished:
-                stream.close()  # aborts the request unless it finished
+            if not body.stream or not all(c.first for c in choices):
+                close(choices)
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        base["object"] = "chat.completion.chunk" if chat else "text_completion"
 
         async def events() -> AsyncIterator[str]:
             try:
-                async for line in sse_events(first, lambda: until_done_or_gone(request, stream.next()), functools.partial(make_chunk, rid), include_usage):
+                async for line in merged_events(choices, base, lambda: total_usage(choices, len(prompts)), include_usage):
                     yield line
-            except ClientGone:
-                pass  # nobody to tell; closing the stream below aborts the request
+                record(choices, body.n)
             finally:
-                stream.close()  # runs on normal end, on ClientGone, and when Starlette cancels us
+                close(choices)  # runs on normal end, on ClientGone, and when Starlette cancels us
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    async def warm_up(prompt: Any, chat: bool, wait: Callable) -> None:
+        """Run the prompt alone with one token to generate, so its KV lands in the radix cache."""
+        stream = await frontend.submit(prompt, chat, SamplingParams(max_tokens=1))
+        try:
+            while not (await wait(stream.next())).finished:
+                pass
+        finally:
+            stream.close()
+
+    def record(choices: List[Choice], n: int) -> None:
+        now = time.monotonic()
+        for c in choices:
+            if c.last is not None and c.last.finished:
+                first_of_prompt = c.index % n == 0  # its siblings share the prompt
+                metrics.observe_choice(c.last.prompt_tokens if first_of_prompt else 0, c.last.completion_tokens, c.first_token_s, now - c.submitted)
+
+    def close(choices: List[Choice]) -> None:
+        for c in choices:
+            c.stream.close()  # aborts the request unless it finished
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-
-        def chunk(rid: str, text: Optional[str], reason: Optional[str], start: bool = False) -> Any:
-            base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": args.model_name}
-            if start:
-                return [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
-            delta = {"content": text} if text is not None else {}
-            return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
-
-        def final(rid: str, text: str, last: UserReply) -> Dict[str, Any]:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": last.finish_reason}
-            return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": args.model_name, "choices": [choice], "usage": usage(last)}
-
-        return await run(request, body, messages, True, chunk, final)
+        return await respond(request, body, [body.template_messages()], chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        def chunk(rid: str, text: Optional[str], reason: Optional[str], start: bool = False) -> Any:
-            if start:
-                return []  # completions streams have no role chunk
-            base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": args.model_name}
-            return {**base, "choices": [{"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}]}
-
-        def final(rid: str, text: str, last: UserReply) -> Dict[str, Any]:
-            choice = {"index": 0, "text": text, "finish_reason": last.finish_reason, "logprobs": None}
-            return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": args.model_name, "choices": [choice], "usage": usage(last)}
-
-        return await run(request, body, body.prompt, False, chunk, final)
+        return await respond(request, body, body.prompts(), chat=False, echo=body.echo)
 
     return app

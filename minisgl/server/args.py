@@ -36,17 +36,23 @@ class ServerArgs:
     attention_backend: str = "auto"
     cuda_graph: bool = True
     prefix_cache: str = "radix"
-    max_extend_tokens: int = 8192
+    max_extend_tokens: Optional[int] = None  # default: suited to the device (SchedulerConfig)
     schedule_policy: str = "fcfs"
     overlap: bool = True
     seed: int = 0
     log_level: str = "warning"
+    max_request_bytes: int = 2 * 1024 * 1024  # a body over this is refused (413) before parsing
+    drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may still run
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.tp_size < 1:
             raise ValueError(f"--tp-size must be at least 1, got {self.tp_size}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout_s}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)
 
     @property
@@ -101,10 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", default="auto", help="auto, torch or flashinfer")
     p.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--prefix-cache", default="radix", choices=["radix", "naive"], help="radix reuses shared prompt prefixes; naive reuses nothing")
-    p.add_argument("--max-extend-tokens", type=int, default=8192, help="prefill token budget per step; longer prompts are chunked")
+    p.add_argument("--max-extend-tokens", type=int, default=None, help="prefill token budget per step; longer prompts are chunked; default: 8192 on a GPU, 256 on the CPU")
     p.add_argument("--schedule-policy", default="fcfs", choices=list(SCHEDULE_POLICIES), help="order waiting requests by arrival (fcfs) or longest cached prefix first (lpm, needs the radix cache)")
     p.add_argument("--disable-overlap", action="store_true", help="do not plan step N+1 while step N runs")
     p.add_argument("--seed", type=int, default=0, help="seed for requests that give none")
+    p.add_argument("--max-request-bytes", type=int, default=d["max_request_bytes"].default, help="largest request body accepted, in bytes; a larger one gets 413")
+    p.add_argument("--drain-timeout", type=float, default=d["drain_timeout_s"].default, help="seconds in-flight requests may still run after SIGTERM or Ctrl-C; the rest then end with an error")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="log verbosity of the server")
     return p
 
@@ -145,4 +153,6 @@ def _from_namespace(ns: argparse.Namespace) -> ServerArgs:
         overlap=not ns.disable_overlap,
         seed=ns.seed,
         log_level=ns.log_level,
+        max_request_bytes=ns.max_request_bytes,
+        drain_timeout_s=ns.drain_timeout,
     )

@@ -1,11 +1,16 @@
 """The API server's side of the pipes: one asyncio task reads every reply and routes it, by uid,
-to the queue of the HTTP handler waiting for it."""
+to the queue of the HTTP handler waiting for it.
+
+It also knows which requests are open, so that when the engine dies, or a shutdown's drain time
+is over, `fail_all` can end every one of them with an error instead of leaving its client hanging.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Dict, List, Optional, Set
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from minisgl.core import SamplingParams
 from minisgl.message import AbortMsg, BatchMsg, ErrorReply, StatusMsg, StatusQuery, TokenizeMsg, UserReply
@@ -27,6 +32,8 @@ class FrontendManager:
         self.to_tokenizer = ZmqAsyncPushQueue(addrs.api_to_tokenizer, bind=False)
         self.from_tokenizer = ZmqAsyncPullQueue(addrs.tokenizer_to_api, bind=True)
         self.queues: Dict[int, asyncio.Queue] = {}
+        self.open: Dict[int, "RequestStream"] = {}  # requests not yet finished or closed
+        self.last_status: Optional[StatusMsg] = None
         self._uids = itertools.count()
         self._listener: Optional[asyncio.Task] = None
         self._background: Set[asyncio.Task] = set()  # keeps fire-and-forget sends alive
@@ -61,20 +68,31 @@ class FrontendManager:
         params: SamplingParams,
         max_tokens_from_context: bool = False,
         stop: Optional[List[str]] = None,
+        echo: bool = False,
     ) -> "RequestStream":
         """Send a request; read its replies from the returned stream, and close it when done."""
         stream = RequestStream(self, next(self._uids))
         self.queues[stream.uid] = stream.queue
-        await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context, list(stop or [])))
+        self.open[stream.uid] = stream
+        await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context, list(stop or []), echo))
         return stream
 
+    def fail_all(self, status: int, message: str) -> int:
+        """End every open request with an error reply; returns how many there were."""
+        streams = list(self.open.values())
+        for stream in streams:
+            stream.queue.put_nowait(ErrorReply(stream.uid, status, message))
+        return len(streams)
+
     async def status(self, timeout_s: float = 10.0) -> StatusMsg:
+        """The scheduler's answer, which comes between two of its steps (raises asyncio.TimeoutError)."""
         uid = next(self._uids)
         q: asyncio.Queue = asyncio.Queue()
         self.queues[uid] = q
         try:
             await self.to_tokenizer.put(StatusQuery(uid))
-            return await asyncio.wait_for(q.get(), timeout_s)
+            self.last_status = await asyncio.wait_for(q.get(), timeout_s)
+            return self.last_status
         finally:
             del self.queues[uid]
 
@@ -96,8 +114,11 @@ class RequestStream:
         reply = await self.queue.get()
         if isinstance(reply, ErrorReply):
             self.finished = True
+            self.frontend.open.pop(self.uid, None)
             raise RequestFailed(reply.status, reply.message)
         self.finished = reply.finished
+        if self.finished:
+            self.frontend.open.pop(self.uid, None)
         return reply
 
     def close(self) -> None:
@@ -105,5 +126,23 @@ class RequestStream:
             return
         self.closed = True
         self.frontend.queues.pop(self.uid, None)
+        self.frontend.open.pop(self.uid, None)
         if not self.finished:
             self.frontend._send_later(AbortMsg(self.uid))
+
+
+@dataclass
+class Lifecycle:
+    """Whether the server still takes requests: not while draining for a shutdown, and never
+    again once a process of the engine has died (`dead` says which)."""
+
+    draining: bool = False
+    dead: Optional[str] = None
+    stop_serving: Callable[[], None] = lambda: None  # set by `serve`: end the HTTP server
+
+    def refusal(self) -> Optional[str]:
+        if self.dead:
+            return f"the engine is gone ({self.dead}); the server is exiting"
+        if self.draining:
+            return "the server is shutting down and takes no new requests"
+        return None

@@ -50,8 +50,18 @@ def _child_setup() -> None:
         pass
 
 
+def _name_process(title: str) -> None:
+    """Set the name `ps`, `top` and /proc/PID/comm show (at most 15 bytes), so an operator -- or
+    a test -- can tell the scheduler from the tokenizer worker."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except OSError:
+        pass
+
+
 def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: Connection) -> None:
     _child_setup()
+    _name_process("minisgl-sched")
     try:
         from minisgl.scheduler.io import SchedulerIO
 
@@ -66,6 +76,7 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
 
 def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_pid: int, ready: Connection) -> None:
     _child_setup()
+    _name_process("minisgl-token")
     try:
         from transformers import AutoTokenizer
 
@@ -132,7 +143,8 @@ class Backend:
         self.stop()
 
     def dead(self) -> List[str]:
-        return [p.name for p in self.procs if not p.is_alive()]
+        """The processes that have exited, with their exit codes (negative: killed by a signal)."""
+        return [f"{p.name} exited with {p.exitcode}" for p in self.procs if not p.is_alive()]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -148,15 +160,18 @@ class Backend:
 
 
 def serve(args: ServerArgs) -> None:
-    """Run the HTTP server until Ctrl-C or SIGTERM, then stop every process."""
+    """Run the HTTP server until Ctrl-C or SIGTERM (exit status 0, after draining), or until a
+    process of the engine dies (exit status 1)."""
     import uvicorn
 
     from .api import create_app
+    from .drain import DrainingServer
 
     with Backend(args) as backend:
         app = create_app(args, backend)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.drain_timeout_s)
+        app.state.lifecycle.stop_serving = server.stop_now
         print(f"minisgl: serving {args.model_name} on http://{args.host}:{args.port} (device {backend.info['device']})", flush=True)
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
         # handlers it found installed; these turn that into a normal return, so `Backend` stops
@@ -168,6 +183,10 @@ def serve(args: ServerArgs) -> None:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
+    dead = app.state.lifecycle.dead
+    if dead:
+        print(f"minisgl: the engine is gone ({dead}); exiting", flush=True)
+        raise SystemExit(1)
     print("minisgl: stopped", flush=True)
 
 

@@ -1,13 +1,31 @@
 """Text (or a chat) in, token ids out -- the same way the offline `LLM` does it, so a prompt
-sent to the server and the same prompt given to `LLM.generate` run the very same tokens."""
+sent to the server and the same prompt given to `LLM.generate` run the very same tokens.
+
+A chat template is a Jinja program, and one that does not know a message's shape drops it
+without a word (a template written for plain turns skips an assistant's tool calls). So after
+rendering we check that everything the conversation said made it into the text, and refuse the
+request when it did not, rather than let the model answer a conversation it never saw.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List, Union
+import json
+from typing import Any, Dict, List, Union
 
 from minisgl.core import InvalidRequestError
 
-Prompt = Union[str, List[int], List[Dict[str, str]]]
+Prompt = Union[str, List[int], List[Dict[str, Any]]]
+
+
+def _said(message: Dict[str, Any]) -> List[str]:
+    """Pieces of a message that a faithful rendering must contain."""
+    pieces = [str(message.get("content") or "").strip()]
+    for call in message.get("tool_calls") or ():
+        fn = call["function"]
+        pieces.append(fn["name"])
+        args = fn["arguments"]
+        pieces += [json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v for v in args.values()] if isinstance(args, dict) else [str(args)]
+    return [p for p in pieces if p]
 
 
 class TokenizeManager:
@@ -15,12 +33,25 @@ class TokenizeManager:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
 
+    def render_chat(self, messages: List[Dict[str, Any]]) -> str:
+        """The conversation through the model's chat template, checked to say all it said."""
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequestError("messages must be a list of {role, content} objects")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # a template error (Jinja, or a `raise_exception` in the template)
+            raise InvalidRequestError(f"the model's chat template cannot render these messages: {type(e).__name__}: {e}") from None
+        for i, m in enumerate(messages):
+            missing = [p for p in _said(m) if p not in text]
+            if missing:
+                what = "tool calls" if m.get("tool_calls") else f"{m['role']} messages"
+                raise InvalidRequestError(f"messages.{i}: the model's chat template cannot render {what} (it left out {missing[0][:40]!r})")
+        return text
+
     def encode(self, prompt: Prompt, chat: bool) -> List[int]:
         if chat:
-            if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
-                raise InvalidRequestError("messages must be a list of {role, content} objects")
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-            return [int(t) for t in ids]
+            # what apply_chat_template(tokenize=True) does: the template writes the special tokens
+            return [int(t) for t in self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False)]
         if isinstance(prompt, str):
             # no BOS added: the same choice as LLM.encode; fall back for tokenizers that need one
             return self.tokenizer.encode(prompt, add_special_tokens=False) or self.tokenizer.encode(prompt)

@@ -4,9 +4,10 @@
     API server <--UserReply---- worker <--DetokenizeMsg-- scheduler
 
 Going in, it applies the chat template, checks the prompt against the context length and fills
-in the default max_tokens. Coming back, it turns tokens into text (one `IncrementalDetokenizer`
-per request) and cuts at stop strings -- asking the scheduler to abort the request, since the
-scheduler only knows token ids.
+in the default max_tokens. Coming back, it turns tokens into text (one
+`IncrementalDetokenizer` per request), names the tokens of any log-probabilities, puts an echoed
+prompt in front of the first text, and cuts at stop strings -- asking the scheduler to abort the
+request, since the scheduler only knows token ids.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from minisgl.message import (
     StatusMsg,
     StatusQuery,
     TokenizeMsg,
+    TokenLogprob,
     UserMsg,
     UserReply,
 )
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .detokenize import IncrementalDetokenizer, StopStringFilter
+from .logprobs import TokenTexts
 from .tokenize import TokenizeManager
 
 
@@ -45,13 +48,17 @@ class _Stream:
     detok: IncrementalDetokenizer
     stop: StopStringFilter
     prompt_tokens: int
+    logprobs: bool = False  # name each token's log-probability for the reply
+    echo: str = ""  # the prompt's text, until the first reply carries it
     completion_tokens: int = 0
     unsent_ids: List[int] = field(default_factory=list)
+    unsent_logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 class TokenizerWorker:
     def __init__(self, tokenizer, max_seq_len: int, to_scheduler: ZmqPushQueue, to_api: ZmqPushQueue):
         self.tokenize = TokenizeManager(tokenizer)
+        self.texts = TokenTexts(tokenizer)
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.to_scheduler = to_scheduler
@@ -88,7 +95,10 @@ class TokenizerWorker:
         params = msg.sampling_params
         if msg.max_tokens_from_context:
             params = dataclasses.replace(params, max_tokens=ctx - n)
-        self.streams[msg.uid] = _Stream(IncrementalDetokenizer(self.tokenizer), StopStringFilter(msg.stop), n)
+        echo = ""
+        if msg.echo:
+            echo = msg.prompt if isinstance(msg.prompt, str) else self.tokenizer.decode(ids, skip_special_tokens=False)
+        self.streams[msg.uid] = _Stream(IncrementalDetokenizer(self.tokenizer), StopStringFilter(msg.stop), n, params.logprobs >= 0, echo)
         return UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), params)
 
     # ---- scheduler -> API server -----------------------------------------------------------
@@ -113,6 +123,12 @@ class TokenizerWorker:
         if msg.token is not None:
             st.completion_tokens += 1
             st.unsent_ids.append(msg.token)
+            if st.logprobs:
+                if msg.logprob is None:  # an engine fault: fail this request, keep the worker
+                    del self.streams[msg.uid]
+                    self.to_scheduler.put(AbortMsg(msg.uid))
+                    return [ErrorReply(msg.uid, 500, "the engine sent a token without the log-probability the request asked for")]
+                st.unsent_logprobs.append(self.texts.entry(msg.token, msg.logprob, msg.top_logprobs))
             text = st.detok.add([msg.token])
         if msg.finish_reason is not None:
             text += st.detok.flush()
@@ -124,10 +140,12 @@ class TokenizerWorker:
             reason = "stop"
         elif reason is not None:
             safe += st.stop.flush()
+        if st.echo:  # the prompt goes first, untouched by the stop strings
+            safe, st.echo = st.echo + safe, ""
         if not safe and reason is None:
             return []  # nothing certain yet (half a character, or maybe a stop string)
-        reply = UserReply(msg.uid, safe, reason is not None, reason, st.prompt_tokens, st.completion_tokens, st.unsent_ids)
-        st.unsent_ids = []
+        reply = UserReply(msg.uid, safe, reason is not None, reason, st.prompt_tokens, st.completion_tokens, st.unsent_ids, st.unsent_logprobs)
+        st.unsent_ids, st.unsent_logprobs = [], []
         if reason is not None:
             del self.streams[msg.uid]
         return [reply]

@@ -1,0 +1,141 @@
+"""Chat request bodies: messages (text parts only), tool-call turns, and the chat-only fields.
+
+A conversation that used tools -- an assistant turn with `tool_calls` and no content, then a
+`tool` turn with the result -- is accepted and handed to the model's chat template as Hugging
+Face templates expect it (arguments as objects); the tokenizer worker then checks the template
+really wrote it. Asking the model to *call* tools (`tools`) is refused: this server does not parse
+tool calls out of the model's text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+
+from pydantic import Field, model_validator
+
+from .protocol import MAX_TOP_LOGPROBS, I32_MAX, ResponseFormat, Unsupported, _Common, _Strict
+
+
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, List[Dict[str, Any]]]] = None
+    tool_calls: Optional[List[ToolCall]] = None  # assistant turns that called tools
+    tool_call_id: Optional[str] = None  # tool turns: which call this answers
+    # what the official client sends back when a reply is passed on as is; only empty values
+    refusal: Optional[str] = None
+    function_call: None = None
+    audio: None = None
+    annotations: Optional[List[Any]] = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message needs tool_call_id, and only a tool message has one")
+        if self.refusal or self.annotations:
+            raise ValueError("refusal and annotations cannot be sent back to the model")
+        for i, part in enumerate(self.content if isinstance(self.content, list) else []):
+            kind = part.get("type")
+            if kind != "text":
+                raise Unsupported(f"content.{i}.type", f"{kind!r} parts are not supported: this server's models read text only")
+            if not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
+                raise Unsupported(f"content.{i}", "a text part is {\"type\": \"text\", \"text\": \"...\"}")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part["text"] for part in self.content)
+
+    def for_template(self) -> Dict[str, Any]:
+        """The message as Hugging Face chat templates take it (tool-call arguments as objects)."""
+        out: Dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            calls = []
+            for c in self.tool_calls:
+                try:
+                    args = json.loads(c.function.arguments)
+                except json.JSONDecodeError:
+                    raise Unsupported("tool_calls", f"arguments of {c.function.name!r} are not JSON: {c.function.arguments!r}") from None
+                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+            out["tool_calls"] = calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class ChatCompletionRequest(_Common):
+    messages: List[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=I32_MAX)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None  # only means something with tools
+    # declared so that the refusal names them (OpenAI features this server does not have)
+    functions: Optional[List[Dict[str, Any]]] = None
+    function_call: Optional[Union[str, Dict[str, Any]]] = None
+    modalities: Optional[List[str]] = None
+    audio: Optional[Dict[str, Any]] = None
+    prediction: Optional[Dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None
+    web_search_options: Optional[Dict[str, Any]] = None
+    store: Optional[bool] = None
+    metadata: Optional[Dict[str, str]] = None
+    service_tier: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChatCompletionRequest":
+        if self.tools:
+            raise Unsupported("tools", "this server does not turn model output into tool_calls; send the request without tools (a conversation may still contain tool calls and tool results)")
+        if self.tool_choice not in (None, "none"):
+            raise Unsupported("tool_choice", "only 'none' is supported: this server does not call tools")
+        if self.functions or self.function_call not in (None, "none"):
+            raise Unsupported("functions" if self.functions else "function_call", "function calling is not supported")
+        if self.modalities not in (None, ["text"]):
+            raise Unsupported("modalities", "only ['text'] is supported")
+        for name in ("audio", "prediction", "reasoning_effort", "web_search_options", "metadata"):
+            if getattr(self, name) is not None:
+                raise Unsupported(name, "not supported by this server")
+        if self.store:
+            raise Unsupported("store", "this server does not store completions")
+        if self.service_tier not in (None, "auto", "default"):
+            raise Unsupported("service_tier", "this server has one tier: 'auto' or 'default'")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise Unsupported("top_logprobs", "needs logprobs set to true")
+        return self
+
+    def limit(self) -> Optional[int]:
+        return self.max_completion_tokens or self.max_tokens
+
+    def num_logprobs(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else -1
+
+    def json_mode(self) -> Tuple[str, str]:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return "off", ""
+        if fmt.type == "json_object":
+            return "object", ""
+        return "schema", json.dumps(fmt.json_schema.schema_)
+
+    def template_messages(self) -> List[Dict[str, Any]]:
+        return [m.for_template() for m in self.messages]

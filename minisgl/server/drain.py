@@ -1,0 +1,47 @@
+"""A graceful stop: uvicorn's server with a drain before its shutdown.
+
+On the first SIGTERM (or Ctrl-C) the server stops accepting connections and answers new requests
+on open ones with a 503; requests already running get `drain_s` seconds to finish; whatever is
+still open then ends with a 503 error object (a streaming client gets it as its last event); only
+then does uvicorn shut down. A second Ctrl-C quits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import uvicorn
+
+from .frontend import FrontendManager, Lifecycle
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, frontend: FrontendManager, drain_s: float):
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.frontend = frontend
+        self.drain_s = drain_s
+        self._drain_task: "asyncio.Future[None] | None" = None
+
+    def stop_now(self) -> None:
+        self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.lifecycle.draining or self.lifecycle.dead:
+            return super().handle_exit(sig, frame)
+        self._captured_signals.append(sig)  # uvicorn re-raises it after the shutdown
+        self.lifecycle.draining = True
+        # a signal handler runs between two steps of the event loop, on its thread
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        for listener in getattr(self, "servers", []):
+            listener.close()  # no new connections
+        deadline = time.monotonic() + self.drain_s
+        while self.frontend.open and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.frontend.fail_all(503, f"the server shut down before this request finished (drain time {self.drain_s:g} s)"):
+            await asyncio.sleep(0.5)  # the handlers answer their clients
+        self.should_exit = True

@@ -1,0 +1,120 @@
+"""Every error the server answers is OpenAI's error object, whatever raised it:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "seed", "code": null}}
+
+-- a refused field, a body that is not JSON, an unknown route (404), a wrong method (405), a body
+over the size limit (413), a dead engine (503) or a bug (500). The size limit is enforced before
+the body is parsed, so a huge request costs its upload and nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Awaitable, Callable, Dict, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from minisgl.core import InvalidRequestError
+
+from .protocol import Unsupported
+
+_KIND = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
+
+
+def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> Dict[str, Any]:
+    kind = _KIND.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
+    """(message, param) for the first problem pydantic found, named by its dotted path."""
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    kind = first.get("type")
+    if kind == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, Unsupported):  # a model-level check that names its field
+        param = ".".join([*loc, cause.param])
+        return f"{param}: {str(cause).split(': ', 1)[1]}", param
+    field = ".".join(loc) or "body"
+    if kind == "extra_forbidden":
+        return f"{field}: unknown field; this server does not implement it (see the API's documented fields)", field
+    msg = str(cause) if isinstance(cause, ValueError) else first.get("msg", "invalid")
+    return f"{field}: {msg}", field
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(exc)
+        return error(400, message, param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}: see /v1/models, /v1/completions, /v1/chat/completions"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error(exc.status_code, message)
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid(request: Request, exc: InvalidRequestError) -> JSONResponse:
+        return error(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:  # logged by Starlette too
+        return error(500, f"internal server error: {type(exc).__name__}: {exc}")
+
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class BodyLimit:
+    """ASGI middleware: read the body up to `max_bytes`, answer 413 beyond it, else hand it on."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _too_large(self, send: Callable[[dict], Awaitable[None]]) -> None:
+        body = json.dumps(error_body(413, f"the request body is over the limit of {self.max_bytes} bytes (--max-request-bytes)")).encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", ())).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._too_large(send)
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._too_large(send)
+            if not msg.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:  # the whole body once; then the real channel (disconnects)
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,122 @@
+"""Chapter 15: faults fail fast. A dead engine process ends every request with a JSON 503 and
+the server exits non-zero; SIGTERM drains (in-flight requests finish, the rest get a JSON error,
+exit status 0); /health answers while the scheduler cannot, and says it is busy, not dead.
+Each test starts its own tiny-llama server, since each ends it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from minisgl.scheduler import SchedulerConfig
+from minisgl.server.args import ServerArgs
+from server_utils import REPO_ROOT, ServerProcess, pid_alive
+
+TINY = "models/tiny-llama"
+LONG = {"model": "tiny-llama", "prompt": "Tell me everything.", "max_tokens": 1900, "ignore_eos": True, "temperature": 0}
+
+
+def process_pid(server: ServerProcess, name: str) -> int:
+    """The pid of the server's scheduler or tokenizer process (they name themselves, see launch.py)."""
+    for pid in server.children:
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == f"minisgl-{name[:5]}":
+                return pid
+        except OSError:
+            pass
+    raise AssertionError(f"no {name} process among {server.children}")
+
+
+async def _stream(url: str, body: dict, started: asyncio.Event) -> tuple[str, dict]:
+    """Stream a completion; set `started` at its first text. Returns (text, the error event or {})."""
+    text = ""
+    async with httpx.AsyncClient(timeout=120) as client:
+        async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        return text, event
+                    text += event["choices"][0]["text"]
+                    started.set()
+    return text, {}
+
+
+async def _post(url: str, body: dict) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=120) as client:
+        return await client.post(url + "/v1/completions", json=body)
+
+
+async def _during(action, streams: list, posts: list = ()) -> list:
+    """Start the streams (url, body) and posts (coroutines); once every stream has text, do
+    `action`; then collect every result."""
+    flags = [asyncio.Event() for _ in streams]
+    tasks = [asyncio.ensure_future(_stream(url, body, f)) for (url, body), f in zip(streams, flags)]
+    tasks += [asyncio.ensure_future(p) for p in posts]
+    await asyncio.wait_for(asyncio.gather(*(f.wait() for f in flags)), 120)
+    await asyncio.sleep(0.2)  # the posts are in the scheduler by now
+    action()
+    return await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+
+@pytest.mark.parametrize("victim", ["scheduler", "tokenizer"])
+def test_a_dead_engine_process_fails_every_request_and_the_server_exits(victim):
+    server = ServerProcess(TINY)
+    kids = list(server.children)
+    pid = process_pid(server, victim)
+    killed_at = []
+    kill = lambda: (os.kill(pid, signal.SIGKILL), killed_at.append(time.monotonic()))  # noqa: E731
+    (_, streamed), plain = asyncio.run(_during(kill, [(server.url, LONG)], [_post(server.url, LONG)]))
+    assert time.monotonic() - killed_at[0] < 5, "the requests were not failed fast"
+    assert streamed["error"]["type"] == "service_unavailable" and victim in streamed["error"]["message"]
+    assert plain.status_code == 503 and victim in plain.json()["error"]["message"]
+    server.proc.wait(30)
+    assert time.monotonic() - killed_at[0] < 10, "the server took long to exit"
+    assert server.proc.returncode == 1, server.output()
+    server.stop()
+    time.sleep(0.5)
+    assert not [p for p in kids if pid_alive(p)], "server left processes behind"
+
+
+def test_sigterm_drains_in_flight_requests_then_fails_the_rest():
+    server = ServerProcess(TINY, "--drain-timeout", "4")
+    short = {"model": "tiny-llama", "prompt": "Hi", "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+    (text, short_error), (_, long_error) = asyncio.run(_during(lambda: server.proc.send_signal(signal.SIGTERM), [(server.url, short), (server.url, LONG)]))
+    assert short_error == {} and text  # it was running at SIGTERM, and finished within the drain time
+    assert long_error["error"]["type"] == "service_unavailable" and "drain" in long_error["error"]["message"]
+    server.proc.wait(30)
+    assert server.proc.returncode == 0, server.output()
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(server.url + "/v1/completions", json=short, timeout=5)
+    server.stop()
+
+
+def test_health_answers_while_the_scheduler_cannot():
+    server = ServerProcess(TINY)
+    try:
+        assert server.health()["status"] == "ok"
+        pid = process_pid(server, "scheduler")
+        os.kill(pid, signal.SIGSTOP)  # alive but not stepping: what a very long step looks like
+        try:
+            t0 = time.monotonic()
+            r = httpx.get(server.url + "/health", timeout=30)
+            assert time.monotonic() - t0 < 5
+            assert r.status_code == 200 and r.json()["status"] == "busy", r.text
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert server.health()["status"] == "ok"
+    finally:
+        assert server.stop() == 0
+
+
+def test_prefill_is_chunked_by_default_with_a_budget_for_the_device():
+    cpu = ServerArgs(model=str(REPO_ROOT / TINY), device="cpu").scheduler_config()
+    assert cpu.max_extend_tokens == 256
+    assert SchedulerConfig(engine=cpu.engine, max_extend_tokens=100).max_extend_tokens == 100
