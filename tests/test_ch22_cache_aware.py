@@ -6,12 +6,16 @@ stable, so equal hits keep arrival order); it locks nothing and leaves the queue
 manager admits in that order, stops at the first refusal, and keeps the rest in arrival order;
 the default (`fcfs`) is unchanged; greedy tokens are transformers' under both policies; under
 cache pressure on shared-prefix traffic `lpm` computes fewer prompt tokens than `fcfs`; bad
-settings are refused with a clear error, in the config and on the server's command line.
+settings are refused with a clear error, in the config and on the server's command line; the
+exercise's model-free replay of prefill and decode schedules exactly as the Scheduler does.
 """
 
 from __future__ import annotations
 
 import random
+import re
+import sys
+from dataclasses import replace
 from typing import List, Sequence
 
 import pytest
@@ -186,3 +190,34 @@ def test_server_flag_reaches_the_scheduler_config(capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm", "--prefix-cache", "naive"])
     assert e.value.code == 2 and "needs prefix_cache='radix'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_the_exercise_model_free_schedule_is_the_schedulers(policy):
+    # The cache-aware exercise replays prefill and decode without a model and grades schedules
+    # against that replay, so the replay must be the Scheduler's own. This workload (the exercise's
+    # random case with seed 135520873) chunks a request whose max_tokens is 1: a replay that asks
+    # is_chunk after complete_one samples a token for the chunk, finishes the request while the
+    # prefill manager still holds it and frees its row twice.
+    from judge import api, harness, registry
+
+    registry.load("cache-aware")
+    cases = sys.modules["judge_cases_cache_aware"]
+    head = [78, 98, 28, 19, 36, 98, 33, 45, 80, 39, 28, 58]
+    prompts, max_tokens = [head + [40, 13], head + [92, 46], head + [18, 98]], [3, 1, 3]
+    obs = api.Obs()
+    cases._run(obs, policy, prompts, max_tokens, rows=2, num_pages=12, page_size=4, budget=20)
+    steps = [(re.match(r".*, step \d+: (prefill|decode) ", o["label"]), o["value"]) for o in obs.items]
+    replayed = [(m.group(1), value if m.group(1) == "prefill" else sorted(value)) for m, value in steps if m]
+
+    cfg = replace(harness.scheduler_config(page_size=4, num_pages=12, max_running_reqs=2, max_extend_tokens=20), schedule_policy=policy)
+    sched = harness.make_scheduler(cfg)
+    uids = [sched.add_request(p, SamplingParams(max_tokens=m, ignore_eos=True)) for p, m in zip(prompts, max_tokens)]
+    harness.run_until_idle(sched, 100)
+    sched.assert_all_free()
+    index = {uid: i for i, uid in enumerate(uids)}
+    engine = [(t.phase, [[index[u], c, e] for u, c, e in zip(t.uids, t.cached_lens, t.extend_lens)] if t.phase == "prefill"
+               else sorted(index[u] for u in t.uids)) for t in sched.trace]  # a decode batch's order is no schedule
+    assert replayed == engine
+    assert [len(sched.outputs[u].tokens) for u in uids] == max_tokens
+    assert [o["value"] for o in obs.items if "everyone ran" in o["label"]] == [[0, 0]]  # nobody waiting or running

@@ -120,10 +120,13 @@ def _run(obs: Obs, schedule_policy: str, prompts: Sequence[Sequence[int]], max_t
             live += [r for r in reqs if r not in live]
         cache.allocate(reqs)
         for r in reqs:
+            # as the scheduler does, ask before the step is launched: complete_one moves a chunk's
+            # device_len to the prompt's end, after which is_chunk no longer says it sampled nothing
+            sampled = not r.is_chunk
             r.complete_one()
-            if not r.is_chunk:
+            if sampled:
                 r.append_host(_token(r.uid, len(r.input_ids)))
-        for r in [r for r in live if not r.is_chunk and len(r.input_ids) - r.prompt_len >= r.sampling_params.max_tokens]:
+        for r in [r for r in live if len(r.input_ids) - r.prompt_len >= r.sampling_params.max_tokens]:
             live.remove(r)
             cache.release(r)
             table.free(r.table_idx)
