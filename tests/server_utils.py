@@ -90,3 +90,15 @@ class ServerProcess:
         self.log.close()
         os.unlink(self.log.name)
         return self.proc.returncode
+
+
+def post(server: "ServerProcess", body: dict, path: str = "/v1/completions") -> httpx.Response:
+    """One JSON request to a running server (raw HTTP: status codes and error bodies as sent)."""
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def openai_client(server: "ServerProcess"):
+    """The `openai` client pointed at a running server; no retries, so a failure shows at once."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import math
 
-import httpx
-import openai
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from server_utils import REPO_ROOT, ServerProcess
+from server_utils import REPO_ROOT, ServerProcess, openai_client, post
 
 TINY = "models/tiny-llama"
 NAME = "tiny-llama"
@@ -35,11 +33,7 @@ def llm():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-def post(server, body, path="/v1/completions"):
-    return httpx.post(server.url + path, json=body, timeout=120)
+    return openai_client(server)
 
 
 def test_64_bit_seeds_are_kept_whole(server):

@@ -23,7 +23,7 @@ from minisgl.message import DetokenizeMsg, TokenizeMsg
 from minisgl.server.protocol import choice_seed
 from minisgl.tokenizer.tokenize import TokenizeManager
 from minisgl.tokenizer.worker import TokenizerWorker
-from server_utils import REPO_ROOT, ServerProcess
+from server_utils import REPO_ROOT, ServerProcess, openai_client, post
 
 TINY = "models/tiny-llama"
 NAME = "tiny-llama"
@@ -45,11 +45,7 @@ def llm():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-def post(server, body, path="/v1/completions"):
-    return httpx.post(server.url + path, json=body, timeout=120)
+    return openai_client(server)
 
 
 def offline(llm, prompt, **params):
