@@ -60,6 +60,17 @@ def test_decode_quick_reports_every_batch_size():
     assert all(math.isfinite(r.tpot_s) and r.tpot_s > 0 for r in results)
 
 
+def test_kernel_profile_groups_by_family_and_averages_over_steps():
+    assert decode.kernel_name("void flashinfer::BatchDecodeKernel<128u, 4u>(Params)") == "flashinfer::BatchDecodeKernel"
+    assert decode.kernel_name("_rope_kernel") == "_rope_kernel"
+    events = [("_rope_kernel", 0.0, 2.0), ("void gemv<1>(int)", 3.0, 10.0), ("Memcpy HtoD (Pinned -> Device)", 10.0, 11.0)]
+    p = decode.group_kernels(events + [(n, s + 20, e + 20) for n, s, e in events], steps=2)
+    assert p.kernels == 2  # the copy is not a kernel
+    assert [(g.name, g.count, g.us) for g in p.groups] == [("gemv", 1, 7.0), ("_rope_kernel", 1, 2.0), ("Memcpy HtoD", 1, 1.0)]
+    assert (p.busy_us, p.span_us) == (10.0, 15.5)
+    assert "GPU busy 10 us of a 16 us step span" in decode.kernel_table(p)
+
+
 @pytest.mark.gpu
 def test_graphs_make_small_batch_decode_faster():
     results = decode.main(["--batch-sizes", "1", "--input-len", "64", "--steps", "32"])
