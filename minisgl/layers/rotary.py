@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import torch
 
-from minisgl.kernel import apply_rope
+from minisgl.kernel import apply_rope, apply_rope_and_store, store_kv
 
 from .base import BaseOP
 
@@ -88,3 +88,16 @@ class RotaryEmbedding(BaseOP):
         cos = self._cos[positions].unsqueeze(1).to(q.dtype)
         sin = self._sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+
+    def forward_and_store(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+        qk_norm: Optional[Tuple["RMSNorm", "RMSNorm"]] = None,
+    ) -> torch.Tensor:
+        """`forward`, then the rotated k and v written to slots `out_loc` of the caches; returns
+        the rotated q. On CUDA one kernel does the norms, the rotation and the store."""
+        if q.is_cuda:
+            norm = None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
+            return apply_rope_and_store(positions, q, k, v, self._cos, self._sin, k_cache, v_cache, out_loc, norm)
+        q, k = self.forward(positions, q, k, qk_norm)
+        store_kv(k, v, k_cache, v_cache, out_loc)
+        return q
