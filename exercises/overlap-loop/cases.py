@@ -3,19 +3,8 @@
 import random
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
-
-EXERCISE = Exercise(
-    id="overlap-loop",
-    chapter=11,
-    title="The main loop with overlap scheduling",
-    difficulty=3,
-    replaces=(
-        Replace("minisgl.scheduler.scheduler", "Scheduler.step"),
-        Replace("minisgl.scheduler.scheduler", "Scheduler.process_results"),
-    ),
-)
 
 
 def _run(obs: Obs, prompts, params, *, overlap: bool, aborts=None, max_running: int = 8, budget: int = 8192) -> None:
