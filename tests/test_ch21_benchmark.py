@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minisgl.benchmark import decode, offline
-from minisgl.benchmark.hf_baseline import build_hf_model, hf_generate
+from minisgl.benchmark.hf_baseline import build_hf_model, hf_continuous_batching, hf_generate
 
 
 def test_workload_is_nano_vllms():
@@ -41,6 +41,21 @@ def test_hf_baseline_generates_the_engines_tokens(models_dir):
     offline.release(llm)
     hf = build_hf_model(model, torch.float32, torch.device("cpu"), dummy_weights=False)
     base = hf_generate(hf, w.prompts, w.max_tokens)
+    assert base.output_tokens == ours.output_tokens == w.output_tokens
+    assert base.token_ids == ours.token_ids
+
+
+@pytest.mark.gpu
+def test_hf_continuous_batching_generates_the_engines_tokens(models_dir):
+    """transformers' continuous batching (slow on the CPU: minutes for a few tokens) is a fair
+    baseline only if it does the same work: float32 greedy, the same tokens as the engine."""
+    model = str(models_dir / "tiny-llama")
+    w = offline.make_workload(3, 5, 30, 3, 8, seed=4)
+    llm = offline.build_llm(model, dummy_weights=False, device="cuda", dtype="float32", max_running_reqs=4)
+    ours = offline.run_workload(llm, w)
+    offline.release(llm)
+    hf = build_hf_model(model, torch.float32, torch.device("cuda"), dummy_weights=False)
+    base = hf_continuous_batching(hf, w.prompts, w.max_tokens)
     assert base.output_tokens == ours.output_tokens == w.output_tokens
     assert base.token_ids == ours.token_ids
 

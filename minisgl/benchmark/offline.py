@@ -7,6 +7,7 @@ tokens from 142,827 prompt tokens.
 
     python -m minisgl.benchmark.offline                   # Qwen3-0.6B shape, random weights
     python -m minisgl.benchmark.offline --hf-baseline 32  # plus Hugging Face generate
+    python -m minisgl.benchmark.offline --hf-cb 32        # plus transformers' continuous batching
     python -m minisgl.benchmark.offline --quick           # tiny model, seconds, CPU is fine
 """
 
@@ -168,6 +169,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one per GPU (the bandwidth floor is then per GPU)")
     ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
+    ap.add_argument("--hf-cb", type=int, default=0, metavar="N", help="also run transformers' continuous batching on the first N requests")
     ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
     return ap.parse_args(argv)
 
@@ -207,8 +209,8 @@ def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
     print(f"minisgl: {result.seconds:.2f} s, {result.tokens_per_s:,.0f} output tok/s")
     if on_gpu:
         _print_floor(llm, workload, result)
-    if args.hf_baseline > 0:
-        _compare_hf(llm, model, dummy, workload.head(args.hf_baseline), result, args.temperature)
+    if args.hf_baseline > 0 or args.hf_cb > 0:
+        _compare_hf(llm, model, dummy, workload, args.hf_baseline, args.hf_cb, result, args.temperature)
     else:
         release(llm)
     return result
@@ -227,26 +229,36 @@ def _print_floor(llm: LLM, workload: Workload, result: OfflineResult) -> None:
     )
 
 
-def _compare_hf(llm: LLM, model: str, dummy: bool, subset: Workload, full: OfflineResult, temperature: float) -> None:
-    from .hf_baseline import build_hf_model, hf_generate
+def _compare_hf(llm: LLM, model: str, dummy: bool, workload: Workload, n_generate: int, n_cb: int, full: OfflineResult, temperature: float) -> None:
+    """Each baseline on the first N requests, the engine on the same N in the same process; then
+    the baseline's rate scaled to the full workload (an upper bound on the ratio: a baseline's
+    throughput grows with the number of requests it batches)."""
+    from .hf_baseline import build_hf_model, hf_continuous_batching, hf_generate
 
-    ours = run_workload(llm, subset, temperature)
+    ours = {n: run_workload(llm, workload.head(n), temperature) for n in sorted({n_generate, n_cb} - {0})}
     device, dtype = llm.engine.device, llm.engine.dtype
     release(llm)
     hf = build_hf_model(model, dtype, device, dummy)
-    hf_generate(hf, subset.prompts[:2], [4, 4])  # warm-up
-    base = hf_generate(hf, subset.prompts, subset.max_tokens)
+    runs = []
+    if n_generate > 0:
+        hf_generate(hf, workload.prompts[:2], [4, 4])  # warm-up
+        runs.append((f"HF generate (sdpa, one left-padded batch of {n_generate}, greedy)", n_generate, hf_generate(hf, workload.head(n_generate).prompts, workload.head(n_generate).max_tokens)))
+    if n_cb > 0:
+        hf_continuous_batching(hf, workload.prompts[:2], [4, 4])  # warm-up
+        sub = workload.head(n_cb)
+        runs.append((f"transformers continuous batching (init_continuous_batching, {n_cb} requests, greedy)", n_cb, hf_continuous_batching(hf, sub.prompts, sub.max_tokens)))
     del hf
     gc.collect()
-    n = len(subset.prompts)
-    print(f"HF generate (sdpa, one left-padded batch of {n}, greedy): {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} tok/s")
-    print(f"minisgl on the same {n} requests: {ours.seconds:.2f} s = {ours.tokens_per_s:,.0f} tok/s ({ours.tokens_per_s / base.tokens_per_s:.1f}x HF on the same requests)")
-    est = base.seconds * full.output_tokens / base.output_tokens
-    print(
-        f"scaled: HF at {base.tokens_per_s:,.0f} tok/s would need ~{est:.0f} s for the full workload's {full.output_tokens} tokens; "
-        f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x "
-        f"(an upper bound: HF's throughput grows with its batch, so the same-request ratio above is the fair one)"
-    )
+    for label, n, base in runs:
+        mine = ours[n]
+        same = sum(a == b for a, b in zip(base.token_ids, mine.token_ids))
+        print(f"{label}: {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} tok/s")
+        print(f"minisgl on the same {n} requests: {mine.seconds:.2f} s = {mine.tokens_per_s:,.0f} tok/s ({mine.tokens_per_s / base.tokens_per_s:.1f}x on the same requests; {same}/{n} requests token-equal)")
+        est = base.seconds * full.output_tokens / base.output_tokens
+        print(
+            f"  scaled: at {base.tokens_per_s:,.0f} tok/s the full workload's {full.output_tokens} tokens would take ~{est:.0f} s; "
+            f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x (an upper bound: the baseline's throughput grows with its batch)"
+        )
 
 
 if __name__ == "__main__":
