@@ -7,7 +7,6 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 """
 
 from .activation import silu_and_mul, silu_and_mul_ref
-from .gemv import gemv_applies, linear
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from .rope import apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
@@ -23,8 +22,6 @@ __all__ = [
     "fused_add_rmsnorm_ref",
     "gather_page_indices",
     "gather_page_indices_ref",
-    "gemv_applies",
-    "linear",
     "rmsnorm",
     "rmsnorm_ref",
     "silu_and_mul",
