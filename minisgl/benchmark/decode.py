@@ -19,7 +19,6 @@ import argparse
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,7 +27,7 @@ from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.utils.misc import REPO_ROOT
 
-from .offline import build_llm, release
+from .build import build_llm, has_weights, release
 
 
 @dataclass
@@ -188,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[DecodeResult]:
     else:
         model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
         sizes, input_len, steps = [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps
-    dummy = not any(Path(model).glob("*.safetensors"))
+    dummy = not has_weights(model)
     graphs = [g.strip() == "on" for g in args.graphs.split(",")]
     if not torch.cuda.is_available() or args.device == "cpu":
         graphs = [False]  # CUDA graphs need a GPU

@@ -24,11 +24,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from minisgl.core import SamplingParams, set_global_ctx
-from minisgl.engine import EngineConfig
+from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from minisgl.scheduler import SchedulerConfig
 from minisgl.utils.misc import REPO_ROOT
+
+from .build import build_llm, has_weights, release, sync
 
 FULL_OUTPUT_TOKENS = 133_966
 FULL_INPUT_TOKENS = 142_827
@@ -103,44 +103,13 @@ class OfflineResult:
         return self.output_tokens / self.seconds
 
 
-def build_llm(model: str, *, dummy_weights: bool, page_size: int = 1, max_running_reqs: int = 256, use_cuda_graph: bool = True, attention_backend: str = "auto", device: str = "auto", dtype: str = "auto", **kw) -> LLM:
-    engine = EngineConfig(
-        model_path=model,
-        dummy_weights=dummy_weights,
-        page_size=page_size,
-        max_running_reqs=max_running_reqs,
-        use_cuda_graph=use_cuda_graph,
-        cuda_graph_max_bs=max_running_reqs,
-        attention_backend=attention_backend,
-        device=device,
-        dtype=dtype,
-        **kw,
-    )
-    return LLM(config=SchedulerConfig(engine=engine))
-
-
-def release(llm: LLM) -> None:
-    """Free an engine's GPU memory (KV pool, graphs) so another model can use it."""
-    llm.shutdown()  # stops the other tensor-parallel ranks, if any
-    set_global_ctx(None)
-    del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _sync(llm: LLM) -> None:
-    if llm.device.type == "cuda":
-        torch.cuda.synchronize(llm.device)
-
-
 def run_workload(llm: LLM, workload: Workload, temperature: float = 0.0) -> OfflineResult:
     params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=temperature) for m in workload.max_tokens]
     first_step = len(llm.trace)
-    _sync(llm)
+    sync(llm)
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, params)
-    _sync(llm)
+    sync(llm)
     seconds = time.perf_counter() - start
     token_ids = [o.token_ids for o in outs]
     for ids, m in zip(token_ids, workload.max_tokens):
@@ -184,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
         workload = make_workload(args.num_seqs)
         if args.num_seqs == 256:
             assert (workload.output_tokens, workload.input_tokens) == (FULL_OUTPUT_TOKENS, FULL_INPUT_TOKENS)
-    dummy = not args.real_weights and not any(Path(model).glob("*.safetensors"))  # config-only folders
+    dummy = not args.real_weights and not has_weights(model)  # config-only folders
     llm = build_llm(
         model,
         dummy_weights=dummy,
