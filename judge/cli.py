@@ -24,7 +24,7 @@ def cmd_list(_: argparse.Namespace) -> int:
 
     record = progress.load()
     rows = []
-    for ex in sorted((registry.load(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
+    for ex in sorted((registry.declared(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
         p = record.get(ex.id)
         if p is not None:
             best, latest = str(p.best), str(p.latest)

@@ -109,7 +109,7 @@ class Zygote:
     @staticmethod
     def _sources_stamp() -> float:
         files = list((REPO_ROOT / "minisgl").rglob("*.py")) + list((REPO_ROOT / "judge").glob("*.py"))
-        files += list((REPO_ROOT / "exercises").glob("*/cases.py"))
+        files += [f for pattern in ("*/cases.py", "*/exercise.toml") for f in (REPO_ROOT / "exercises").glob(pattern)]
         return max((f.stat().st_mtime for f in files), default=0.0)
 
     @classmethod

@@ -1,7 +1,7 @@
 """Chapters teach, then ask: no chapter shows an exercise's answer before the exercise.
 
-An exercise's answer is the engine code the learner writes: every symbol its `EXERCISE.replaces`
-lists (exercises/<id>/cases.py), helpers included. A cell *reveals* an answer when
+An exercise's answer is the engine code the learner writes: every symbol its declaration
+(exercises/<id>/exercise.toml) lists in `replaces` and `optional`. A cell *reveals* an answer when
 - it shows engine code (`book.show` / `book.source`, read from the cell's source and from the
   tags on its outputs) whose lines overlap the answer's definition, or
 - its text (markdown, code, or any text output) contains lines of the answer's body that
@@ -111,10 +111,10 @@ def _body_lines(path: Path, qualname: str) -> List[str]:
 
 @functools.lru_cache(maxsize=None)
 def answers(exercise_id: str) -> Tuple[int, Tuple[Answer, ...]]:
-    """The exercise's chapter and the answer symbols it asks for (from its cases.py)."""
+    """The exercise's chapter and the answer symbols it asks for (from its exercise.toml)."""
     from judge import registry
 
-    ex = registry.load(exercise_id)
+    ex = registry.declared(exercise_id)
     starter = {line.strip() for line in (ROOT / "exercises" / exercise_id / "starter.py").read_text().splitlines()}
     counts = _package_line_counts()
     found = []

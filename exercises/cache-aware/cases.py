@@ -6,23 +6,10 @@ from dataclasses import replace
 from typing import List, Optional, Sequence
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.scheduler import prefill
 from minisgl.scheduler.prefill import PrefillManager
-
-EXERCISE = Exercise(
-    id="cache-aware",
-    chapter=22,
-    title="Cache-aware scheduling: longest prefix match first",
-    difficulty=3,
-    timed=("PrefillManager.schedule_next_batch",),
-    replaces=(
-        Replace("minisgl.scheduler.prefill", "longest_prefix_first"),
-        Replace("minisgl.scheduler.prefill", "PrefillManager.admission_order"),
-        Replace("minisgl.scheduler.prefill", "PrefillManager.schedule_next_batch"),
-    ),
-)
 
 
 def _order(obs: Obs, cache, queue: List, tag: str = "") -> None:

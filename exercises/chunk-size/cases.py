@@ -3,20 +3,9 @@
 import random
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
 from minisgl.scheduler.prefill import PrefillManager
-
-EXERCISE = Exercise(
-    id="chunk-size",
-    chapter=10,
-    title="Chunked prefill: continue_chunk and the prefill schedule",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.scheduler.prefill", "PrefillAdder.continue_chunk"),
-        Replace("minisgl.scheduler.prefill", "PrefillManager.schedule_next_batch"),
-    ),
-)
 
 
 def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 256, arrivals=None, max_steps: int = 60) -> None:
