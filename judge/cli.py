@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional
 
 from . import registry
+from .declaration import DeclarationError
 
 _STARS = {1: "*", 2: "**", 3: "***"}
 
@@ -132,7 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         return args.fn(args)
-    except (registry.UnknownExerciseError, FileNotFoundError) as exc:
+    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `judge.py list | head`: the reader has all it wanted

@@ -30,6 +30,7 @@ else:  # Python 3.10: the same parser, as a package
 
 FILE_NAME = "exercise.toml"
 _REQUIRED = {"chapter": int, "title": str, "difficulty": int, "replaces": list}
+_KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", list: "a list"}
 _OPTIONAL = {"optional": list, "timed": list, "timing_cases": list, "unit_timeout_s": float, "e2e_timeout_s": float, "memory_limit_gb": float}
 
 
@@ -60,7 +61,7 @@ def _typed(where: str, data: Dict[str, Any], key: str, kind: type) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:
-        raise DeclarationError(f"{where}: field {key!r} must be a {kind.__name__}, got {value!r}")
+        raise DeclarationError(f"{where}: field {key!r} must be {_KIND_NAMES[kind]}, got {value!r}")
     return value
 
 

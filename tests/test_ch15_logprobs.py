@@ -13,29 +13,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minisgl.core import SamplingParams
-from minisgl.llm import LLM
-from server_utils import REPO_ROOT, ServerProcess, openai_client, post
+from server_utils import REPO_ROOT, client_fixture, llm_fixture, post, server_fixture
 
 TINY = "models/tiny-llama"
 NAME = "tiny-llama"
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess(TINY, "--dtype", "float32")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(REPO_ROOT / TINY, dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
+server = server_fixture(TINY, "--dtype", "float32")
+llm = llm_fixture(TINY, dtype="float32")
+client = client_fixture()
 
 
 def test_64_bit_seeds_are_kept_whole(server):

@@ -251,12 +251,13 @@ GOOD = 'chapter = 7\ntitle = "t"\ndifficulty = 2\nreplaces = ["minisgl.scheduler
 
 @pytest.mark.parametrize("text, says", [
     (GOOD.replace("chapter = 7\n", ""), "missing field(s) 'chapter'"),
-    (GOOD.replace("chapter = 7", 'chapter = "seven"'), "field 'chapter' must be a int"),
+    (GOOD.replace("chapter = 7", 'chapter = "seven"'), "field 'chapter' must be a whole number"),
     (GOOD.replace("difficulty = 2", "difficulty = 4"), "difficulty is 1, 2 or 3"),
     (GOOD + "replace = []\n", "unknown field(s) 'replace'"),
     (GOOD.replace(":PrefillAdder", ".PrefillAdder"), "field 'replaces': 'minisgl.scheduler.prefill.PrefillAdder.try_admit' is not \"module:qualname\""),
     (GOOD + 'timed = ["PrefillAdder.admit"]\n', "timed symbol 'PrefillAdder.admit' is not one of the required"),
     (GOOD + 'optional = ["minisgl.scheduler.prefill:PrefillAdder.try_admit"]\n', "name PrefillAdder.try_admit more than once"),
+    (GOOD.replace('replaces = ["', 'replaces = [1, "'), "field 'replaces' lists strings, got 1"),
     (GOOD, None),  # the well-formed one loads, its id from the folder
     ("chapter = 7\ntitle = ", "exercise.toml: "),  # not TOML
 ])
@@ -275,8 +276,8 @@ def test_declaration_errors_name_file_and_field(tmp_path: Path, text: str, says)
     assert str(folder / "exercise.toml") in str(err.value) and says in str(err.value)
 
 
-def test_missing_declaration_and_a_second_one_in_cases_are_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from judge import declaration
+def test_missing_declaration_and_a_second_one_in_cases_are_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from judge import cli, declaration
 
     with pytest.raises(declaration.DeclarationError, match="exercise.toml is missing"):
         declaration.load(tmp_path)
@@ -288,6 +289,9 @@ def test_missing_declaration_and_a_second_one_in_cases_are_errors(tmp_path: Path
     monkeypatch.setattr(registry, "REPO_ROOT", tmp_path)
     with pytest.raises(declaration.DeclarationError, match="cases.py defines EXERCISE: an exercise is declared once, in exercise.toml"):
         registry.load("x-ex")
+    (root / "exercise.toml").write_text(GOOD.replace("difficulty = 2", "difficulty = \"hard\""))
+    assert cli.main(["list"]) == 2  # the command says what is wrong, without a traceback
+    assert "exercises/x-ex/exercise.toml: field 'difficulty' must be a whole number, got 'hard'" in capsys.readouterr().err
 
 
 # ---- the learner's class is installed whole, and super() works as in a subclass -------------------

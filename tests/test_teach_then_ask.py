@@ -22,16 +22,16 @@ from __future__ import annotations
 import ast
 import functools
 import html
-import importlib.util
 import json
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import pytest
+
+from file_module import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
@@ -40,15 +40,7 @@ EXERCISE_IDS = sorted(p.parent.name for p in (ROOT / "exercises").glob("*/cases.
 MIN_LINE = 12  # shorter body lines (`return x`, `pass`) say too little to count as a reveal
 
 
-def _book():
-    spec = importlib.util.spec_from_file_location("_book_teach_then_ask", CHAPTERS / "book.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-book = _book()
+book = load_file(CHAPTERS / "book.py", "_book_teach_then_ask")
 LAST_CHAPTER = max(int(p.name[:2]) for p in CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
 
 

@@ -87,9 +87,7 @@ def _run(obs: Obs, schedule_policy: str, prompts: Sequence[Sequence[int]], max_t
     arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
     live, computed, tag = [], 0, f"{schedule_policy}, "
     for step in range(max_steps):
-        for uid, (ids, at) in enumerate(zip(prompts, arrivals)):
-            if at == step:
-                pm.add(harness.pending(uid, ids, max_tokens[uid]))
+        harness.arrive(pm, step, prompts, arrivals, max_tokens)
         batch = pm.schedule_next_batch(sum(cache.pages_to_finish(r) for r in live))
         if batch is None:
             if not live:

@@ -15,9 +15,7 @@ def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 25
     arrivals = arrivals or [0] * len(prompts)
     live = []
     for step in range(max_steps):
-        for uid, (ids, at) in enumerate(zip(prompts, arrivals)):
-            if at == step:
-                pm.add(harness.pending(uid, ids, 2))
+        harness.arrive(pm, step, prompts, arrivals, max_tokens=2)
         reserved = sum(cache.pages_to_finish(r) for r in live)
         batch = pm.schedule_next_batch(reserved)
         if batch is None:

@@ -12,8 +12,7 @@ import torch
 from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import Scheduler, SchedulerConfig
-
-from .tp import TensorParallelMixin
+from minisgl.scheduler.tp import TensorParallelMixin
 
 Prompt = Union[str, Sequence[int]]
 
