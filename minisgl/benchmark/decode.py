@@ -21,8 +21,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.env import REPO_ROOT
 from minisgl.llm import LLM
-from minisgl.utils.misc import REPO_ROOT
 
 from .offline import build_llm, release
 

@@ -28,9 +28,9 @@ from typing import Dict, List, Optional, Sequence
 
 from minisgl.core import SamplingParams
 from minisgl.engine import EngineConfig
+from minisgl.env import default_model_path
 from minisgl.llm import LLM
 from minisgl.scheduler import SchedulerConfig
-from minisgl.utils import default_model_path
 
 PHASES = ("schedule", "prepare", "launch", "wait", "read")
 HOST_PHASES = ("schedule", "prepare", "launch", "read")  # the host is busy; `wait` it is not
