@@ -63,7 +63,7 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     _child_setup()
     _name_process("minisgl-sched")
     try:
-        from minisgl.scheduler.io import SchedulerIO
+        from minisgl.scheduler.io import SchedulerIO  # here: the API process has no use for the engine
 
         sched = SchedulerIO(args.scheduler, addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
     except Exception as e:  # reported to the parent, which prints it and exits
@@ -78,7 +78,7 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_
     _child_setup()
     _name_process("minisgl-token")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # here too: only the worker tokenizes
 
         from minisgl.tokenizer.worker import TokenizerWorker
         from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
@@ -157,42 +157,3 @@ class Backend:
                 p.join(5)
         self.procs = []
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def serve(args: ServerArgs) -> None:
-    """Run the HTTP server until Ctrl-C or SIGTERM (exit status 0, after draining), or until a
-    process of the engine dies (exit status 1)."""
-    import uvicorn
-
-    from .api import create_app
-    from .drain import DrainingServer
-
-    with Backend(args) as backend:
-        app = create_app(args, backend)
-        config = uvicorn.Config(app, host=args.server.host, port=args.server.port, log_level=args.server.log_level, timeout_graceful_shutdown=3)
-        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.server.drain_timeout_s)
-        app.state.lifecycle.stop_serving = server.stop_now
-        print(f"minisgl: serving {args.model_name} on http://{args.server.host}:{args.server.port} (device {backend.info['device']})", flush=True)
-        # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
-        # handlers it found installed; these turn that into a normal return, so `Backend` stops
-        # the other processes and we exit with status 0
-        previous = signal.signal(signal.SIGTERM, _raise_shutdown)
-        try:
-            server.run()
-        except (KeyboardInterrupt, _Shutdown):
-            pass
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    dead = app.state.lifecycle.dead
-    if dead:
-        print(f"minisgl: the engine is gone ({dead}); exiting", flush=True)
-        raise SystemExit(1)
-    print("minisgl: stopped", flush=True)
-
-
-class _Shutdown(Exception):
-    pass
-
-
-def _raise_shutdown(signum: int, frame: Any) -> None:
-    raise _Shutdown()
