@@ -61,7 +61,8 @@ class UnknownOptionError(TypeError):
         for name in self.unknown:
             close = difflib.get_close_matches(name, [*self.valid, *other_spellings], n=3, cutoff=0.6)
             parts.append(repr(name) + (f" (did you mean {' or '.join(close)}?)" if close else ""))
-        super().__init__(f"unknown setting {', '.join(parts)}; valid settings: {', '.join(self.valid)}")
+        noun = "setting" if len(parts) == 1 else "settings"
+        super().__init__(f"unknown {noun} {', '.join(parts)}; valid settings: {', '.join(self.valid)}")
 
 
 def option_fields(cls: type) -> Dict[str, Tuple[type, dataclasses.Field]]:
