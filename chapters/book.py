@@ -88,15 +88,9 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
 
 def _register_judge_magic() -> None:
     """`%%judge <id>` in a chapter's exercise cells then works without `import judge`."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    ip = get_ipython()
-    if ip is not None:
-        from judge.magic import register
+    from judge.magic import register_in_ipython
 
-        register(ip)
+    register_in_ipython()
 
 
 def chapter() -> int:

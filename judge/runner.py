@@ -54,17 +54,6 @@ class WorkerReport:
     timings: Optional[Dict[str, Dict[str, float]]] = None  # a timing run's result (judge.speed)
 
 
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
-
-
 class ForkedProc:
     """A worker started by the fork server, with its keeper: enough of `subprocess.Popen` for the
     watch loop. Its end is read from the keeper's report or, if the learner's code killed the
@@ -111,7 +100,7 @@ class Zygote:
     @staticmethod
     def _sources_stamp() -> float:
         files = list((REPO_ROOT / "minisgl").rglob("*.py")) + list((REPO_ROOT / "judge").glob("*.py"))
-        files += list((REPO_ROOT / "exercises").glob("*/cases.py"))
+        files += [f for pattern in ("*/cases.py", "*/exercise.toml") for f in (REPO_ROOT / "exercises").glob(pattern)]
         return max((f.stat().st_mtime for f in files), default=0.0)
 
     @classmethod
@@ -358,7 +347,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False):
         # memory first: a case that is both over memory and slow is slow because of the memory;
         # about once a second, with what the processes it started use too
         polls += 1
-        used = _rss_bytes(proc.pid)
+        used = procs.rss_bytes(proc.pid)
         if polls % TREE_EVERY == 0:
             used = max(used, procs.tree_memory([proc.pid]))
         if used > limit:

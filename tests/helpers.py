@@ -247,3 +247,19 @@ def build_engine(path: Path, **overrides):
     from minisgl.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(model_path=str(path), **small_engine_kwargs(**overrides)))
+
+
+def load_rank(path: Path, rank: int, size: int):
+    """The model as tensor-parallel rank `rank` of `size` loads it, in this process (loading needs
+    no collectives), float32 on the CPU; and the checkpoint's tensors by name, to compare with."""
+    from minisgl.distributed import TPInfo, set_tp_info
+    from minisgl.models import ModelConfig, create_model
+    from minisgl.models.weight import iter_checkpoint, load_checkpoint
+
+    set_tp_info(TPInfo(rank, size))
+    try:
+        model = create_model(ModelConfig.from_dir(path), torch.float32, torch.device("cpu"))
+        load_checkpoint(model, path)
+    finally:
+        set_tp_info(TPInfo())
+    return model, dict(iter_checkpoint(path))

@@ -146,12 +146,18 @@ def test_norm_kernels(dtype):
     _close(K.rmsnorm(k, wq, 1e-6), K.rmsnorm_ref(k, wq, 1e-6), dtype)
 
 
+def _rope_inputs(dtype):
+    """A 128-wide rotary table (theta 1e6, 4096 positions) and 50 tokens of 16 query / 8 KV heads
+    at random positions, on the GPU."""
+    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
+    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
+    return rope, q, k, torch.randint(0, 4096, (50,), device="cuda")
+
+
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kernel(dtype):
-    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
-    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
-    pos = torch.randint(0, 4096, (50,), device="cuda")
+    rope, q, k, pos = _rope_inputs(dtype)
     for got, want in zip(K.apply_rope(pos, q, k, rope._cos, rope._sin), K.apply_rope_ref(pos, q, k, rope._cos, rope._sin)):
         _close(got, want, dtype)
 
@@ -160,9 +166,7 @@ def test_rope_kernel(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kernel_with_qk_norm_is_norm_then_rope(dtype):
     """Qwen3's qk-norm folded into the rope launch computes what the two layers compute apart."""
-    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
-    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
-    pos = torch.randint(0, 4096, (50,), device="cuda")
+    rope, q, k, pos = _rope_inputs(dtype)
     wq, wk = torch.randn(128, dtype=dtype, device="cuda"), torch.randn(128, dtype=dtype, device="cuda")
     got = K.apply_rope(pos, q, k, rope._cos, rope._sin, (wq, wk, 1e-6))
     want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, wq, 1e-6), K.rmsnorm_ref(k, wk, 1e-6), rope._cos, rope._sin)

@@ -61,7 +61,7 @@ class Engine:
         self.sampler = Sampler(self.model_config.vocab_size)
         self.graph_runner = None
         if self.wants_cuda_graph():
-            from .graph import GraphRunner
+            from .graph import GraphRunner  # here: graph.py arrives with chapter 18 (wants_cuda_graph)
 
             self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
 

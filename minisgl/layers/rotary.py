@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from minisgl.kernel import apply_rope
 
 from .base import BaseOP
-
-if TYPE_CHECKING:
-    from .norm import RMSNorm
+from .norm import RMSNorm
 
 
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -77,7 +75,7 @@ class RotaryEmbedding(BaseOP):
         a, b = x.chunk(2, dim=-1)
         return torch.cat([-b, a], dim=-1)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple["RMSNorm", "RMSNorm"]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]. `qk_norm`: the
         (q_norm, k_norm) pair of a model that normalises each head first (Qwen3)."""
         if q.is_cuda:  # norms and rotation in one fused kernel (minisgl.kernel)

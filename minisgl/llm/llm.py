@@ -11,9 +11,8 @@ import torch
 
 from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.tp import TensorParallelMixin
 from minisgl.utils.misc import build_config
-
-from .tp import TensorParallelMixin
 
 Prompt = Union[str, Sequence[int]]
 
