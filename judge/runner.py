@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from . import procs
-from .registry import REPO_ROOT
+from .registry import REPO_ROOT, full_engine
 from .result import Status
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
@@ -32,7 +32,9 @@ SPAWN_S = 60.0  # a fork server that takes longer to start a worker is replaced
 TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
 MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
-USE_ZYGOTE = os.environ.get("MINISGL_JUDGE_FORK", "1") != "0"
+with full_engine():  # a notebook may have staged a chapter's package that predates env.py
+    from minisgl.env import ENV
+USE_ZYGOTE = ENV.judge_fork
 
 
 @dataclass

@@ -14,7 +14,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     args = parse_args(argv)
     try:
-        if args.shell:
+        if args.server.shell:
             from minisgl.server.shell import run_shell
 
             run_shell(args)

@@ -1,4 +1,4 @@
-"""The set-up every engine benchmark shares: build an `LLM` from a few choices, tell a config-only
+"""The set-up every engine benchmark shares: build an `LLM` for a measurement, tell a config-only
 model folder (random weights) from a checkpoint, wait for the GPU, and free an engine's memory so
 that the next one (or a Hugging Face model) fits."""
 
@@ -10,9 +10,7 @@ from pathlib import Path
 import torch
 
 from minisgl.core import set_global_ctx
-from minisgl.engine import EngineConfig
 from minisgl.llm import LLM
-from minisgl.scheduler import SchedulerConfig
 
 
 def has_weights(model: str | Path) -> bool:
@@ -20,34 +18,20 @@ def has_weights(model: str | Path) -> bool:
     return any(Path(model).glob("*.safetensors"))
 
 
-def build_llm(
-    model: str,
-    *,
-    dummy_weights: bool,
-    page_size: int = 1,
-    max_running_reqs: int = 256,
-    use_cuda_graph: bool = True,
-    attention_backend: str = "auto",
-    device: str = "auto",
-    dtype: str = "auto",
-    prefix_cache: str = "radix",
-    **kw,
-) -> LLM:
-    """An `LLM` whose CUDA graphs cover every batch size up to `max_running_reqs`; `kw` goes to
-    `EngineConfig`."""
-    engine = EngineConfig(
-        model_path=model,
-        dummy_weights=dummy_weights,
-        page_size=page_size,
-        max_running_reqs=max_running_reqs,
-        use_cuda_graph=use_cuda_graph,
-        cuda_graph_max_bs=max_running_reqs,
-        attention_backend=attention_backend,
-        device=device,
-        dtype=dtype,
-        **kw,
-    )
-    return LLM(config=SchedulerConfig(engine=engine, prefix_cache=prefix_cache))
+def build_llm(model: str, *, dummy_weights: bool, max_running_reqs: int = 256, **options) -> LLM:
+    """An `LLM` for a benchmark run (free it with `release`).
+
+    Args:
+        model: the model directory.
+        dummy_weights: random weights from its config.json (no checkpoint needed).
+        max_running_reqs: the largest batch; CUDA graphs are captured up to it (unless
+            `cuda_graph_max_bs` is given), so no decode step of a measurement runs eagerly.
+        options: any other `EngineConfig` or `SchedulerConfig` setting by name, the ones
+            `python -m minisgl` takes as flags; what they leave out keeps the config's
+            default, environment switches included.
+    """
+    options.setdefault("cuda_graph_max_bs", max_running_reqs)
+    return LLM(model, dummy_weights=dummy_weights, max_running_reqs=max_running_reqs, **options)
 
 
 def release(llm: LLM) -> None:

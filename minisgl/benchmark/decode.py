@@ -24,8 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.env import REPO_ROOT
 from minisgl.llm import LLM
-from minisgl.utils.misc import REPO_ROOT
 
 from .build import build_llm, has_weights, release
 

@@ -25,8 +25,10 @@ import numpy as np
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.env import REPO_ROOT
 from minisgl.llm import LLM
-from minisgl.utils.misc import REPO_ROOT
+from minisgl.scheduler import SchedulerConfig
+from minisgl.utils.misc import add_config_flags, config_options
 
 from .build import build_llm, has_weights, release, sync
 
@@ -127,43 +129,32 @@ def warm_up(llm: LLM, seed: int = 1) -> None:
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Offline throughput on the nano-vllm workload.")
-    ap.add_argument("--model", default=None, help="model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)")
     ap.add_argument("--real-weights", action="store_true", help="load the checkpoint instead of random weights")
     ap.add_argument("--num-seqs", type=int, default=256, help="number of requests")
-    ap.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
-    ap.add_argument("--max-running-reqs", type=int, default=256, help="requests decoded together at most")
-    ap.add_argument("--no-cuda-graph", action="store_true", help="run decode without CUDA graphs")
-    ap.add_argument("--attention-backend", default="auto", help="auto | flashinfer | torch")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    ap.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one per GPU (the bandwidth floor is then per GPU)")
     ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
     ap.add_argument("--hf-cb", type=int, default=0, metavar="N", help="also run transformers' continuous batching on the first N requests")
     ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
+    # the engine's and the scheduler's own flags, as `python -m minisgl` takes them; --model
+    # defaults to models/qwen3-0.6b-dummy here (with --quick models/tiny-qwen3)
+    add_config_flags(ap, SchedulerConfig)
     return ap.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
     args = _parse(argv)
+    options = config_options(args, SchedulerConfig)
+    model = options.pop("model_path", None)
     if args.quick:
-        model = args.model or str(REPO_ROOT / "models" / "tiny-qwen3")
+        model = model or str(REPO_ROOT / "models" / "tiny-qwen3")
         workload = make_workload(min(args.num_seqs, 8), 8, 48, 4, 12)
     else:
-        model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
+        model = model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
         workload = make_workload(args.num_seqs)
         if args.num_seqs == 256:
             assert (workload.output_tokens, workload.input_tokens) == (FULL_OUTPUT_TOKENS, FULL_INPUT_TOKENS)
-    dummy = not args.real_weights and not has_weights(model)  # config-only folders
-    llm = build_llm(
-        model,
-        dummy_weights=dummy,
-        page_size=args.page_size,
-        max_running_reqs=args.max_running_reqs,
-        use_cuda_graph=not args.no_cuda_graph,
-        attention_backend=args.attention_backend,
-        device=args.device,
-        tp_size=args.tp_size,
-    )
+    dummy = options.pop("dummy_weights", not args.real_weights and not has_weights(model))  # config-only folders
+    llm = build_llm(model, dummy_weights=dummy, **options)
     eng = llm.engine
     on_gpu = eng.device.type == "cuda"
     name = torch.cuda.get_device_name(eng.device) if on_gpu else "CPU"

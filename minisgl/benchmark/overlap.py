@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from minisgl.core import SamplingParams
+from minisgl.env import default_model_path
 from minisgl.llm import LLM
-from minisgl.utils import default_model_path
 
 from .build import build_llm, has_weights
 

@@ -57,10 +57,10 @@ def serve(args: ServerArgs) -> None:
     process of the engine dies (exit status 1)."""
     with Backend(args) as backend:
         app = create_app(args, backend)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
-        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.drain_timeout_s)
+        config = uvicorn.Config(app, host=args.server.host, port=args.server.port, log_level=args.server.log_level, timeout_graceful_shutdown=3)
+        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.server.drain_timeout_s)
         app.state.lifecycle.stop_serving = server.stop_now
-        print(f"minisgl: serving {args.model_name} on http://{args.host}:{args.port} (device {backend.info['device']})", flush=True)
+        print(f"minisgl: serving {args.model_name} on http://{args.server.host}:{args.server.port} (device {backend.info['device']})", flush=True)
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
         # handlers it found installed; these turn that into a normal return, so `Backend` stops
         # the other processes and we exit with status 0

@@ -65,11 +65,11 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     try:
         from minisgl.scheduler.io import SchedulerIO  # here: the API process has no use for the engine
 
-        sched = SchedulerIO(args.scheduler_config(), addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
+        sched = SchedulerIO(args.scheduler, addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
     except Exception as e:  # reported to the parent, which prints it and exits
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise
-    device = str(sched.device) + (f", tensor parallel over {args.tp_size} ranks" if args.tp_size > 1 else "")
+    device = str(sched.device) + (f", tensor parallel over {args.engine.tp_size} ranks" if args.engine.tp_size > 1 else "")
     ready.send(("ok", {"max_seq_len": sched.max_seq_len, "num_pages": sched.cache.num_pages, "device": device}))
     sched.run_forever(parent_pid)
 
@@ -114,7 +114,7 @@ class Backend:
         parent, child = ctx.Pipe(duplex=False)
         # a scheduler leading tensor-parallel ranks starts processes of its own, which a daemonic
         # process may not; it still dies with us (see _child_setup)
-        daemon = not (name == "scheduler" and self.args.tp_size > 1)
+        daemon = not (name == "scheduler" and self.args.engine.tp_size > 1)
         proc = ctx.Process(target=target, args=(*args, child), name=f"minisgl-{name}", daemon=daemon)
         proc.start()
         self.procs.append(proc)
