@@ -135,9 +135,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
     ap.add_argument("--hf-cb", type=int, default=0, metavar="N", help="also run transformers' continuous batching on the first N requests")
     ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
-    # the engine's and the scheduler's own flags, as `python -m minisgl` takes them; --model
-    # defaults to models/qwen3-0.6b-dummy here (with --quick models/tiny-qwen3)
-    add_config_flags(ap, SchedulerConfig)
+    # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
+    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)"})
     return ap.parse_args(argv)
 
 

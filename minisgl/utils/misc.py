@@ -90,11 +90,12 @@ def build_config(cls: type, options: Dict[str, Any], base: Any = None) -> Any:
     known = option_fields(cls)
     alias = {a: name for name, (_, f) in known.items() for a in f.metadata.get("aliases", ())}
     flat: Dict[str, Any] = {}
+    spelled: Dict[str, str] = {}
     for key, value in options.items():
         name = alias.get(key, key)
         if name in flat:
-            raise TypeError(f"setting {name!r} given twice (as {name!r} and as its other spelling)")
-        flat[name] = value
+            raise TypeError(f"setting {name!r} given twice, as {spelled[name]!r} and as {key!r}")
+        flat[name], spelled[name] = value, key
     unknown = [k for k in options if alias.get(k, k) not in known]
     if unknown:
         raise UnknownOptionError(unknown, [n for n, (_, f) in known.items() if f.metadata.get("cli", True)], list(alias))
@@ -114,9 +115,10 @@ def _build(cls: type, flat: Dict[str, Any], base: Any) -> Any:
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, titles: Optional[Dict[type, str]] = None) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, helps: Optional[Dict[str, str]] = None) -> None:
     """Add a flag for every setting of config class `cls` to `parser`, one argument group per
-    dataclass (titled from `titles`, else the class's docstring). A flag left out leaves its
+    dataclass (titled from the class's docstring); `helps` replaces the help text of settings
+    whose default a program changes (a benchmark's own model). A flag left out leaves its
     setting out of the parsed namespace (argparse.SUPPRESS), so the dataclass's own default,
     environment switches included, applies: `config_options` then picks out what was given.
 
@@ -128,11 +130,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, titles: Optiona
         if f.metadata.get("cli", True) is False:
             continue
         if owner not in groups:
-            title = (titles or {}).get(owner) or (owner.__doc__ or owner.__name__).strip().splitlines()[0]
+            title = (owner.__doc__ or owner.__name__).strip().splitlines()[0]
             groups[owner] = parser.add_argument_group(f"{owner.__name__}: {title}")
         flag = "--" + f.metadata.get("flag", name).replace("_", "-")
         kind = _flag_type(typing.get_type_hints(owner)[name])
-        help_text = f.metadata["help"]
+        help_text = (helps or {}).get(name) or f.metadata["help"]
         if kind is bool:
             if f.default is False:
                 spellings = [flag]
