@@ -20,7 +20,8 @@ PACKAGE = ROOT / "minisgl"
 # nothing else; packages on the same line are independent of each other. An entry names a
 # top-level package of minisgl, or one module that sits higher than the rest of its package.
 LAYERS = [
-    ("env", "utils", "kernel"),  # settings, helpers and fused kernels: import nothing of minisgl
+    ("env",),  # the environment variables, read once: imports nothing of minisgl
+    ("utils", "kernel"),  # helpers and fused kernels: their switches come from env
     ("core", "distributed"),  # the request ledger and batch; which rank this is and the collectives
     ("kvcache", "layers", "message"),  # KV pool and prefix caches; model layers; inter-process messages
     ("attention", "moe", "utils.mp"),  # utils/mp.py carries `message` objects over ZMQ
