@@ -24,15 +24,24 @@ REPO = Path(__file__).resolve().parents[1]
 _CHAPTER: Optional[int] = None
 
 
-def _stages_module():
-    """tools/stages.py, loaded by path (tools/ is not a package)."""
-    name = "_minisgl_stages"
+def _load_by_path(name: str, path: Path):
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "stages.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def _stages_module():
+    """tools/stages.py, loaded by path (tools/ is not a package)."""
+    return _load_by_path("_minisgl_stages", REPO / "tools" / "stages.py")
+
+
+def _env():
+    """The checkout's minisgl/env.py (the environment switches), loaded by path: it imports
+    nothing from minisgl, and the packages of the first chapters predate it."""
+    return _load_by_path("_minisgl_env", REPO / "minisgl" / "env.py")
 
 
 def _purge_minisgl() -> None:
@@ -68,7 +77,7 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     torch.manual_seed(0)
     # One thread by default: a 135M model gains little from more on a laptop, every run does the
     # same arithmetic in the same order, and a busy machine cannot stall a thread team.
-    torch.set_num_threads(int(os.environ.get("MINISGL_NUM_THREADS", "1")))
+    torch.set_num_threads(_env().ENV.num_threads)  # MINISGL_NUM_THREADS
     if not quiet:
         total, new, _ = stages.summary(n)
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -79,15 +88,9 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
 
 def _register_judge_magic() -> None:
     """`%%judge <id>` in a chapter's exercise cells then works without `import judge`."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    ip = get_ipython()
-    if ip is not None:
-        from judge.magic import register
+    from judge.magic import register_in_ipython
 
-        register(ip)
+    register_in_ipython()
 
 
 def chapter() -> int:
@@ -229,8 +232,7 @@ def files_added(n: Optional[int] = None) -> FileTree:
 
 def default_model_path() -> Path:
     """The bundled SmolLM2-135M-Instruct (prepared by tools/prepare_models.py), or $MINISGL_MODEL."""
-    override = os.environ.get("MINISGL_MODEL")
-    return Path(override) if override else REPO / "models" / "smollm2-135m-instruct"
+    return _env().default_model_path()
 
 
 def real_weights() -> bool:

@@ -4,7 +4,7 @@
     contents.chapter_table()   # every chapter, what it builds, its judged exercise
     contents.progress()        # which exercises pass, from the judge's record (.judge/results.json)
 
-Exercises are found the way the judge finds them (every exercises/<id>/cases.py), and results
+Exercises are found and read the way the judge reads them (every exercises/<id>/exercise.toml), and results
 are read from the same record `python judge.py list` shows, so the three never disagree.
 """
 
@@ -26,7 +26,7 @@ from judge.api import Exercise  # noqa: E402
 
 
 def exercises() -> List[Exercise]:
-    return sorted((registry.load(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id))
+    return sorted((registry.declared(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id))
 
 
 def _by_chapter() -> Dict[int, List[Exercise]]:

@@ -9,20 +9,9 @@ In IPython, importing this package also registers the cell magic `%%judge <id>`.
 from __future__ import annotations
 
 from .grade import grade
-from .magic import load_ipython_extension
+from .magic import load_ipython_extension, register_in_ipython
 from .result import CaseResult, GradeResult, Status
 
 __all__ = ["grade", "GradeResult", "CaseResult", "Status", "load_ipython_extension"]
 
-
-def _register_magic() -> None:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    ip = get_ipython()
-    if ip is not None:
-        load_ipython_extension(ip)
-
-
-_register_magic()
+register_in_ipython()

@@ -1,5 +1,6 @@
-"""What an exercise's `cases.py` is written with: its metadata, its cases, and the observations a
-case records. See exercises/FORMAT.md for the layout of an exercise."""
+"""What an exercise is made of: its metadata (read from `exercise.toml` by judge/declaration.py),
+the cases its `cases.py` registers, and the observations a case records. See exercises/FORMAT.md
+for the layout of an exercise."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ class Exercise:
         return self.e2e_timeout_s if case.kind == E2E else self.unit_timeout_s
 
 
-# Cases register here while a cases.py is imported; the registry attaches them to EXERCISE.
+# Cases register here while a cases.py is imported; the registry attaches them to the declared Exercise.
 _PENDING: List[Case] = []
 
 

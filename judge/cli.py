@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional
 
 from . import registry
+from .declaration import DeclarationError
 
 _STARS = {1: "*", 2: "**", 3: "***"}
 
@@ -24,7 +25,7 @@ def cmd_list(_: argparse.Namespace) -> int:
 
     record = progress.load()
     rows = []
-    for ex in sorted((registry.load(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
+    for ex in sorted((registry.declared(i) for i in registry.exercise_ids()), key=lambda e: (e.chapter, e.id)):
         p = record.get(ex.id)
         if p is not None:
             best, latest = str(p.best), str(p.latest)
@@ -132,7 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         return args.fn(args)
-    except (registry.UnknownExerciseError, FileNotFoundError) as exc:
+    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `judge.py list | head`: the reader has all it wanted

@@ -224,7 +224,7 @@ def grade(
     warnings: List[str] = []
     recorded = _recorded(exercise_id, snap, dirty, warnings)
     others = [d for d in dirty if d != str(reference.path_for(exercise_id).relative_to(registry.REPO_ROOT))]
-    grading = [d for d in others if d.startswith("judge") or d == f"exercises/{exercise_id}/cases.py"]
+    grading = [d for d in others if d.startswith("judge") or d in (f"exercises/{exercise_id}/cases.py", f"exercises/{exercise_id}/exercise.toml")]
     if grading:
         warnings.append("the judge's files differ from their committed versions (`git diff` shows how), so this verdict "
                         "may not mean what it says: " + ", ".join(grading[:8]) + (" ..." if len(grading) > 8 else ""))

@@ -162,6 +162,14 @@ def cache_prefix(cache, ids: Sequence[int]) -> None:
     cache._release_slots(slots[:kept])  # the part the cache already had
 
 
+def arrive(pm, step: int, prompts: Sequence[Sequence[int]], arrivals: Sequence[int], max_tokens: int | Sequence[int]) -> None:
+    """Queue on PrefillManager `pm` every prompt whose arrival step is `step` (request uid = its
+    index in `prompts`), as a client sending requests over time would."""
+    for uid, (ids, at) in enumerate(zip(prompts, arrivals)):
+        if at == step:
+            pm.add(pending(uid, ids, max_tokens if isinstance(max_tokens, int) else max_tokens[uid]))
+
+
 def pending(uid: int, ids: Sequence[int], max_tokens: int, seed: int = 0):
     from minisgl.core import SamplingParams
     from minisgl.scheduler.prefill import PendingReq

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 from .registry import REPO_ROOT
 
 # the root's *.py too: a new sitecustomize.py there would run in every interpreter the judge starts
-_WATCHED = ("judge/**/*.py", "judge/reference/*.json", "*.py", "exercises/*/cases.py", "minisgl/**/*.py")
+_WATCHED = ("judge/**/*.py", "judge/reference/*.json", "*.py", "exercises/*/cases.py", "exercises/*/exercise.toml", "minisgl/**/*.py")
 
 
 def _watched_files() -> List[Path]:

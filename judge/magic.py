@@ -58,3 +58,15 @@ def register(ipython) -> None:
 
 def load_ipython_extension(ipython) -> None:  # `%load_ext judge`
     register(ipython)
+
+
+def register_in_ipython() -> None:
+    """Register `%%judge` in the IPython this runs in (importing `judge` does; so does
+    `book.setup_chapter`); outside IPython, nothing."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        register(ip)

@@ -89,16 +89,26 @@ def descendants(roots: Iterable[int], tab: Dict[int, Proc]) -> Set[int]:
     return out
 
 
-def pss_bytes(pid: int) -> int:
-    """The process's proportional share of memory (pages shared after a fork count once in all)."""
+def _proc_kb(pid: int, file: str, key: str) -> int:
+    """The `key: N kB` line of /proc/<pid>/<file>, in bytes; 0 once the process is gone."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(f"/proc/{pid}/{file}") as f:
             for line in f:
-                if line.startswith("Pss:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
     return 0
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional share of memory (pages shared after a fork count once in all)."""
+    return _proc_kb(pid, "smaps_rollup", "Pss")
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory (cheap to read: what the watch loop polls between tree sums)."""
+    return _proc_kb(pid, "status", "VmRSS")
 
 
 def tree_memory(roots: Iterable[int]) -> int:

@@ -1,4 +1,5 @@
-"""Find exercises (every `exercises/<id>/cases.py`) and load their metadata and cases."""
+"""Find exercises (every `exercises/<id>/cases.py`) and load their declarations (exercise.toml)
+and cases."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List
 
+from . import declaration
 from .api import Exercise, take_pending
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -65,10 +67,20 @@ def full_engine() -> Iterator[None]:
         sys.path[:] = saved_path
 
 
-def load(exercise_id: str) -> Exercise:
-    """Import `exercises/<id>/cases.py` (once per process) and return its EXERCISE with cases."""
+def declared(exercise_id: str) -> Exercise:
+    """The exercise as `exercises/<id>/exercise.toml` declares it, without its cases (no engine
+    import: what listings need). Raises declaration.DeclarationError when that file is malformed."""
     if exercise_id in _LOADED:
         return _LOADED[exercise_id]
+    return declaration.load(folder(exercise_id))
+
+
+def load(exercise_id: str) -> Exercise:
+    """The declared exercise with the cases `exercises/<id>/cases.py` registers (imported once per
+    process)."""
+    if exercise_id in _LOADED:
+        return _LOADED[exercise_id]
+    ex = declared(exercise_id)
     path = folder(exercise_id) / "cases.py"
     name = "judge_cases_" + re.sub(r"\W", "_", exercise_id)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -77,9 +89,8 @@ def load(exercise_id: str) -> Exercise:
     take_pending()
     with full_engine():
         spec.loader.exec_module(module)
-    ex: Exercise = getattr(module, "EXERCISE", None)
-    if not isinstance(ex, Exercise) or ex.id != exercise_id:
-        raise ValueError(f"{path}: define EXERCISE = Exercise(id={exercise_id!r}, ...)")
+    if hasattr(module, "EXERCISE"):
+        raise declaration.DeclarationError(f"{path.relative_to(REPO_ROOT)} defines EXERCISE: an exercise is declared once, in {declaration.FILE_NAME} beside it")
     ex.cases = take_pending()
     if not ex.cases:
         raise ValueError(f"{path}: no cases registered with @case")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from . import procs
-from .registry import REPO_ROOT
+from .registry import REPO_ROOT, full_engine
 from .result import Status
 
 STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
@@ -32,7 +32,9 @@ SPAWN_S = 60.0  # a fork server that takes longer to start a worker is replaced
 TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
 MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
-USE_ZYGOTE = os.environ.get("MINISGL_JUDGE_FORK", "1") != "0"
+with full_engine():  # a notebook may have staged a chapter's package that predates env.py
+    from minisgl.env import ENV
+USE_ZYGOTE = ENV.judge_fork
 
 
 @dataclass
@@ -50,17 +52,6 @@ class WorkerReport:
     skipped: List[str] = field(default_factory=list)  # optional helpers the learner left out
     results: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # case id -> done event
     timings: Optional[Dict[str, Dict[str, float]]] = None  # a timing run's result (judge.speed)
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
 
 
 class ForkedProc:
@@ -109,7 +100,7 @@ class Zygote:
     @staticmethod
     def _sources_stamp() -> float:
         files = list((REPO_ROOT / "minisgl").rglob("*.py")) + list((REPO_ROOT / "judge").glob("*.py"))
-        files += list((REPO_ROOT / "exercises").glob("*/cases.py"))
+        files += [f for pattern in ("*/cases.py", "*/exercise.toml") for f in (REPO_ROOT / "exercises").glob(pattern)]
         return max((f.stat().st_mtime for f in files), default=0.0)
 
     @classmethod
@@ -356,7 +347,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False):
         # memory first: a case that is both over memory and slow is slow because of the memory;
         # about once a second, with what the processes it started use too
         polls += 1
-        used = _rss_bytes(proc.pid)
+        used = procs.rss_bytes(proc.pid)
         if polls % TREE_EVERY == 0:
             used = max(used, procs.tree_memory([proc.pid]))
         if used > limit:

@@ -21,18 +21,13 @@ which is what happens when the engine's code changes under an edit.
 from __future__ import annotations
 
 import ast
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .api import Exercise, Replace
+from .declaration import read_toml
 from .registry import REPO_ROOT, STATE_DIR, folder
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
 
 GENERATED_DIR = STATE_DIR / "generated"  # where check writes the files its workers load
 
@@ -198,10 +193,7 @@ def _read(exercise_id: str) -> dict:
     path = folder(exercise_id) / "wrong.toml"
     if not path.is_file():
         return {}
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise VariantError(f"{path.relative_to(REPO_ROOT)}: {exc}") from exc
+    return read_toml(path, VariantError)
 
 
 def _variant(name: str, v: dict, exercise_id: str) -> Variant:

@@ -7,17 +7,19 @@ from typing import List, Optional
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    # each mode imports its own modules once the flags chose it: `--shell` never loads the HTTP
+    # stack (FastAPI, uvicorn)
     from minisgl.server.args import parse_args
     from minisgl.server.launch import LaunchError
 
     args = parse_args(argv)
     try:
-        if args.shell:
+        if args.server.shell:
             from minisgl.server.shell import run_shell
 
             run_shell(args)
         else:
-            from minisgl.server.launch import serve
+            from minisgl.server.drain import serve
 
             serve(args)
     except LaunchError as e:

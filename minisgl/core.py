@@ -5,13 +5,9 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, List, Literal, Optional, Tuple
+from typing import Iterator, List, Literal, Optional, Tuple
 
 import torch
-
-if TYPE_CHECKING:
-    # for annotations only: the prefix caches are built on this module
-    from minisgl.kvcache.base import BaseCacheHandle
 
 
 class InvalidRequestError(ValueError):
@@ -284,3 +280,12 @@ class BaseAttnMetadata:
     """Per-batch facts an attention backend precomputes once and every layer reuses (each backend
     subclasses it). Declared here, with the `Batch` that carries it, so that the attention package
     builds on this module and not the other way round."""
+
+
+@dataclass
+class BaseCacheHandle:
+    """A prefix cache's receipt for a matched prefix: `cached_len` tokens whose slots the cache
+    owns (the radix cache subclasses it). Declared here, with the `Req` that holds one, so that the
+    prefix caches build on this module and not the other way round."""
+
+    cached_len: int

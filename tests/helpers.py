@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from minisgl.env import ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODELS = REPO_ROOT / "models"
@@ -85,7 +86,7 @@ def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool
 
     model = hf_model(path)
     stops = set(eos_ids(path)) if stop_at_eos else set()
-    if os.environ.get("MINISGL_TEST_ORACLE") == "recompute":
+    if ENV.test_oracle == "recompute":
         # no KV cache at all: one full forward per token (for transformers releases whose cache
         # API differs from the one below)
         seq, out = list(ids), []
@@ -139,9 +140,7 @@ def hf_logits(path: Path, ids: Sequence[int]) -> torch.Tensor:
 
 # The suite runs on the CPU by default; on a GPU machine the same tests run there with
 # MINISGL_TEST_DEVICE=cuda (float32: token-exact; MINISGL_TEST_DTYPE=bfloat16: see test_ch06).
-TEST_DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
-TEST_DTYPE = os.environ.get("MINISGL_TEST_DTYPE", "float32")
-TEST_ATTENTION = os.environ.get("MINISGL_TEST_ATTENTION", "torch")
+TEST_DEVICE, TEST_DTYPE, TEST_ATTENTION = ENV.test_device, ENV.test_dtype, ENV.test_attention
 
 
 def small_engine_kwargs(**overrides) -> dict:
@@ -248,3 +247,19 @@ def build_engine(path: Path, **overrides):
     from minisgl.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(model_path=str(path), **small_engine_kwargs(**overrides)))
+
+
+def load_rank(path: Path, rank: int, size: int):
+    """The model as tensor-parallel rank `rank` of `size` loads it, in this process (loading needs
+    no collectives), float32 on the CPU; and the checkpoint's tensors by name, to compare with."""
+    from minisgl.distributed import TPInfo, set_tp_info
+    from minisgl.models import ModelConfig, create_model
+    from minisgl.models.weight import iter_checkpoint, load_checkpoint
+
+    set_tp_info(TPInfo(rank, size))
+    try:
+        model = create_model(ModelConfig.from_dir(path), torch.float32, torch.device("cpu"))
+        load_checkpoint(model, path)
+    finally:
+        set_tp_info(TPInfo())
+    return model, dict(iter_checkpoint(path))

@@ -1,4 +1,5 @@
-"""Start a real `python -m minisgl` server on a free port for the serving tests, and take it down."""
+"""Start a real `python -m minisgl` server on a free port for the serving tests, and take it down;
+the module-scoped fixtures those tests share (one server, one offline LLM, one client per module)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import httpx
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,3 +104,38 @@ def openai_client(server: "ServerProcess"):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def server_fixture(model: str, *extra: str):
+    """A module-scoped fixture: one server on `model` (with the extra command-line flags) for the
+    whole test module, stopped after its last test. `server = server_fixture(TINY, "--dtype", "float32")`."""
+
+    @pytest.fixture(scope="module")
+    def fixture():
+        server = ServerProcess(model, *extra)
+        yield server
+        server.stop()
+
+    return fixture
+
+
+def llm_fixture(model: str, **kwargs):
+    """A module-scoped fixture: the offline `LLM` on `model`, the oracle the server is compared with."""
+
+    @pytest.fixture(scope="module")
+    def fixture():
+        from minisgl.llm import LLM
+
+        return LLM(REPO_ROOT / model, **kwargs)
+
+    return fixture
+
+
+def client_fixture():
+    """A module-scoped fixture: the `openai` client for the module's `server` fixture."""
+
+    @pytest.fixture(scope="module")
+    def fixture(server):
+        return openai_client(server)
+
+    return fixture

@@ -20,24 +20,14 @@ import pytest
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from server_utils import REPO_ROOT, ServerProcess, child_pids, pid_alive
+from server_utils import REPO_ROOT, ServerProcess, child_pids, llm_fixture, pid_alive, server_fixture
 
 SMOL = "models/smollm2-135m-instruct"
 TINY = "models/tiny-llama"
 
 
-@pytest.fixture(scope="module")
-def smol_server():
-    server = ServerProcess(SMOL)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def tiny_server():
-    server = ServerProcess(TINY)
-    yield server
-    server.stop()
+smol_server = server_fixture(SMOL)
+tiny_server = server_fixture(TINY)
 
 
 PROMPT, QUESTION, GREETING = "The capital of France is", "What is the capital of France?", "Say hi."
@@ -52,9 +42,7 @@ def smol_refs():
     return text, chat, greeting
 
 
-@pytest.fixture(scope="module")
-def tiny_llm():
-    return LLM(REPO_ROOT / TINY)
+tiny_llm = llm_fixture(TINY)
 
 
 def assert_all_free(server: ServerProcess) -> None:

@@ -117,6 +117,6 @@ def test_health_answers_while_the_scheduler_cannot():
 
 
 def test_prefill_is_chunked_by_default_with_a_budget_for_the_device():
-    cpu = ServerArgs(model=str(REPO_ROOT / TINY), device="cpu").scheduler_config()
+    cpu = ServerArgs.from_options(model_path=str(REPO_ROOT / TINY), device="cpu").scheduler
     assert cpu.max_extend_tokens == 256
     assert SchedulerConfig(engine=cpu.engine, max_extend_tokens=100).max_extend_tokens == 100

@@ -1,5 +1,7 @@
 """Chapter 15: log-probabilities in OpenAI's chat and completions shapes, and 64-bit seeds, over
-HTTP. Oracle: transformers' log-softmax over the same tokens. One tiny-llama server.
+HTTP. Oracle: transformers' log-softmax over the same tokens. One tiny-llama server, in float32 on
+every device (on CUDA the default is bfloat16, whose logprobs differ from a float32 oracle by more
+than the tolerance below).
 """
 
 from __future__ import annotations
@@ -11,29 +13,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minisgl.core import SamplingParams
-from minisgl.llm import LLM
-from server_utils import REPO_ROOT, ServerProcess, openai_client, post
+from server_utils import REPO_ROOT, client_fixture, llm_fixture, post, server_fixture
 
 TINY = "models/tiny-llama"
 NAME = "tiny-llama"
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess(TINY)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(REPO_ROOT / TINY)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
+server = server_fixture(TINY, "--dtype", "float32")
+llm = llm_fixture(TINY, dtype="float32")
+client = client_fixture()
 
 
 def test_64_bit_seeds_are_kept_whole(server):

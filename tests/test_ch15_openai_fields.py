@@ -18,12 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.llm import LLM
 from minisgl.message import DetokenizeMsg, TokenizeMsg
 from minisgl.server.protocol import choice_seed
 from minisgl.tokenizer.tokenize import TokenizeManager
 from minisgl.tokenizer.worker import TokenizerWorker
-from server_utils import REPO_ROOT, ServerProcess, openai_client, post
+from server_utils import REPO_ROOT, client_fixture, llm_fixture, post, server_fixture
 
 TINY = "models/tiny-llama"
 NAME = "tiny-llama"
@@ -31,21 +30,9 @@ PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 LIMIT = 64 * 1024  # --max-request-bytes of the module's server
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess(TINY, "--max-request-bytes", str(LIMIT))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(REPO_ROOT / TINY)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
+server = server_fixture(TINY, "--max-request-bytes", str(LIMIT))
+llm = llm_fixture(TINY)
+client = client_fixture()
 
 
 def offline(llm, prompt, **params):

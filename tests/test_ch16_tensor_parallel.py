@@ -17,13 +17,12 @@ from typing import List
 import pytest
 import torch
 
-from helpers import MODELS, SMOLLM2, TINY_LLAMA, TINY_QWEN3, ReferenceCache, build_llm, generate_ids
+from helpers import MODELS, SMOLLM2, TINY_LLAMA, TINY_QWEN3, ReferenceCache, build_llm, generate_ids, load_rank
 from minisgl.core import SamplingParams
-from minisgl.distributed import comm, get_tp_info, set_tp_info, TPInfo
+from minisgl.distributed import comm, get_tp_info, TPInfo
 from minisgl.distributed.launch import RankFailedError, run_on_ranks
 from minisgl.distributed.split import check_tp_split, tp_split_problems
-from minisgl.models import ModelConfig, create_model
-from minisgl.models.weight import iter_checkpoint, load_checkpoint
+from minisgl.models import ModelConfig
 
 PROMPTS: List[List[int]] = [[1, 500, 23, 99, 1000], [7, 8, 9], list(range(100, 137))]
 MAX_TOKENS = 6
@@ -91,14 +90,7 @@ def test_smollm2_at_tp2_is_refused_before_any_process_starts():
 def test_loader_replicates_a_single_kv_head(kv1_model, rank):
     """Load rank `rank` of 2 in this process (loading needs no collectives) and check its QKV rows
     against the checkpoint: its two query heads, and the one KV head both ranks share."""
-    cfg = ModelConfig.from_dir(kv1_model)
-    set_tp_info(TPInfo(rank, 2))
-    try:
-        model = create_model(cfg, torch.float32, torch.device("cpu"))
-        load_checkpoint(model, kv1_model)
-    finally:
-        set_tp_info(TPInfo())
-    ckpt = dict(iter_checkpoint(kv1_model))
+    model, ckpt = load_rank(kv1_model, rank, 2)
     qkv = model.model.layers[1].self_attn.qkv_proj
     assert (qkv.num_q_heads, qkv.num_kv_heads) == (2, 1)
     q, k, v = qkv.weight.split([32, 16, 16])

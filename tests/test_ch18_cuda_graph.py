@@ -73,12 +73,14 @@ def test_graph_replay_matches_eager_decode(tmp_path, num_reqs):
 
 @gpu
 def test_switches_turn_graphs_off(tmp_path, monkeypatch):
-    from minisgl.engine import engine as engine_module
+    from minisgl.engine import config as config_module
     from minisgl.env import EnvSwitches
     from minisgl.llm import LLM
 
     model = small_qwen3(tmp_path)
     kwargs = dict(dummy_weights=True, dtype="bfloat16", max_running_reqs=4, num_pages=1024)
     assert LLM(model, use_cuda_graph=False, **kwargs).engine.graph_runner is None
-    monkeypatch.setattr(engine_module, "ENV", EnvSwitches(disable_cuda_graph=True))
+    # MINISGL_DISABLE_CUDA_GRAPH=1 changes the default; a keyword that names the setting still wins
+    monkeypatch.setattr(config_module, "ENV", EnvSwitches(disable_cuda_graph=True))
     assert LLM(model, **kwargs).engine.graph_runner is None
+    assert LLM(model, use_cuda_graph=True, **kwargs).engine.graph_runner is not None

@@ -146,12 +146,18 @@ def test_norm_kernels(dtype):
     _close(K.rmsnorm(k, wq, 1e-6), K.rmsnorm_ref(k, wq, 1e-6), dtype)
 
 
+def _rope_inputs(dtype):
+    """A 128-wide rotary table (theta 1e6, 4096 positions) and 50 tokens of 16 query / 8 KV heads
+    at random positions, on the GPU."""
+    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
+    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
+    return rope, q, k, torch.randint(0, 4096, (50,), device="cuda")
+
+
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kernel(dtype):
-    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
-    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
-    pos = torch.randint(0, 4096, (50,), device="cuda")
+    rope, q, k, pos = _rope_inputs(dtype)
     for got, want in zip(K.apply_rope(pos, q, k, rope._cos, rope._sin), K.apply_rope_ref(pos, q, k, rope._cos, rope._sin)):
         _close(got, want, dtype)
 
@@ -160,9 +166,7 @@ def test_rope_kernel(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kernel_with_qk_norm_is_norm_then_rope(dtype):
     """Qwen3's qk-norm folded into the rope launch computes what the two layers compute apart."""
-    rope = RotaryEmbedding(128, 4096, 1e6, None, torch.device("cuda"))
-    q, k, _ = _qkv(50, 16, 8, 128, dtype, "cuda")
-    pos = torch.randint(0, 4096, (50,), device="cuda")
+    rope, q, k, pos = _rope_inputs(dtype)
     wq, wk = torch.randn(128, dtype=dtype, device="cuda"), torch.randn(128, dtype=dtype, device="cuda")
     got = K.apply_rope(pos, q, k, rope._cos, rope._sin, (wq, wk, 1e-6))
     want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, wq, 1e-6), K.rmsnorm_ref(k, wk, 1e-6), rope._cos, rope._sin)
@@ -176,3 +180,60 @@ def test_silu_and_mul_kernel(dtype):
     x = torch.randn(33, 2 * 3072, dtype=dtype, device="cuda")
     _close(K.silu_and_mul(x), K.silu_and_mul_ref(x), dtype)
     assert torch.equal(K.silu_and_mul(x[:0]), K.silu_and_mul_ref(x[:0]))
+
+
+def _rope_store_case(dtype, device, tokens=9, hq=4, hkv=2, d=64, qk_norm=True):
+    """(got, want): `apply_rope_and_store` and its reference on the same inputs, as
+    (rotated q, key cache, value cache) each; caches start as NaN, so stray writes show."""
+    rope = RotaryEmbedding(d, 1024, 1e6, None, torch.device(device))
+    q, k, v = _qkv(tokens, hq, hkv, d, dtype, device)
+    pos = torch.randint(0, 1024, (tokens,), device=device)
+    loc = torch.randperm(3 * tokens, device=device)[:tokens]
+    norm = (torch.randn(d, dtype=dtype, device=device), torch.randn(d, dtype=dtype, device=device), 1e-6) if qk_norm else None
+    out = []
+    for fn in (K.apply_rope_and_store, K.apply_rope_and_store_ref):
+        kc = torch.full((3 * tokens, hkv, d), float("nan"), dtype=dtype, device=device)
+        vc = kc.clone()
+        out.append((fn(pos, q, k, v, rope._cos, rope._sin, kc, vc, loc, norm), kc, vc))
+    return out
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_and_store_kernel_is_rope_then_store(dtype, qk_norm):
+    (q, kc, vc), (want_q, want_kc, want_vc) = _rope_store_case(dtype, "cuda", 37, 16, 8, 128, qk_norm)
+    _close(q, want_q, dtype)
+    written = ~torch.isnan(want_kc[:, 0, 0])
+    assert torch.equal(~torch.isnan(kc[:, 0, 0]), written) and torch.equal(vc.nan_to_num(7.0), want_vc.nan_to_num(7.0))
+    _close(kc[written], want_kc[written], dtype)
+
+
+_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _rope_store_case
+torch.manual_seed(0)
+for norm in (False, True):
+    (q, kc, vc), (wq, wkc, wvc) = _rope_store_case(torch.float32, "cpu", qk_norm=norm)
+    torch.testing.assert_close(q, wq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kc.nan_to_num(7.0), wkc.nan_to_num(7.0), atol=1e-5, rtol=1e-5)
+    assert torch.equal(vc.nan_to_num(7.0), wvc.nan_to_num(7.0))
+print("ok")
+"""
+
+
+def test_rope_and_store_kernel_under_the_triton_interpreter():
+    """The fused kernel itself, run by Triton's interpreter on the CPU (float32: the interpreter
+    mishandles bfloat16), against the reference; the interpreter must be on before Triton loads."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("MINISGL_DISABLE_KERNELS", None)
+    code = _INTERPRETED.format(tests=str(Path(__file__).parent))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

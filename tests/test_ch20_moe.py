@@ -13,11 +13,9 @@ from typing import List
 import pytest
 import torch
 
-from helpers import MODELS, ReferenceCache, build_llm, hf_logits
+from helpers import MODELS, ReferenceCache, build_llm, hf_logits, load_rank
 from minisgl.core import SamplingParams
-from minisgl.distributed import TPInfo, set_tp_info
-from minisgl.models import ModelConfig, create_model, supported_architectures
-from minisgl.models.weight import iter_checkpoint, load_checkpoint
+from minisgl.models import ModelConfig, supported_architectures
 from minisgl.moe import moe_align_block_size, moe_align_block_size_ref, moe_forward_torch, select_experts
 
 MOE = MODELS / "tiny-qwen3-moe"
@@ -118,13 +116,7 @@ def test_loader_stacks_and_shards_experts(rank, size):
     """Every expert's gate/up/down land in the stacked tensors; at TP=2 each rank keeps its half
     of every expert's inner width (loading needs no collectives, so rank 1 loads right here)."""
     cfg = ModelConfig.from_dir(MOE)
-    set_tp_info(TPInfo(rank, size))
-    try:
-        model = create_model(cfg, torch.float32, torch.device("cpu"))
-        load_checkpoint(model, MOE)
-    finally:
-        set_tp_info(TPInfo())
-    ckpt = dict(iter_checkpoint(MOE))
+    model, ckpt = load_rank(MOE, rank, size)
     n = cfg.moe_intermediate_size // size
     rows = slice(rank * n, (rank + 1) * n)
     block = model.model.layers[1].mlp

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minisgl.benchmark import decode, offline
-from minisgl.benchmark.hf_baseline import build_hf_model, hf_generate
+from minisgl.benchmark.hf_baseline import build_hf_model, hf_continuous_batching, hf_generate
 
 
 def test_workload_is_nano_vllms():
@@ -45,6 +45,21 @@ def test_hf_baseline_generates_the_engines_tokens(models_dir):
     assert base.token_ids == ours.token_ids
 
 
+@pytest.mark.gpu
+def test_hf_continuous_batching_generates_the_engines_tokens(models_dir):
+    """transformers' continuous batching (slow on the CPU: minutes for a few tokens) is a fair
+    baseline only if it does the same work: float32 greedy, the same tokens as the engine."""
+    model = str(models_dir / "tiny-llama")
+    w = offline.make_workload(3, 5, 30, 3, 8, seed=4)
+    llm = offline.build_llm(model, dummy_weights=False, device="cuda", dtype="float32", max_running_reqs=4)
+    ours = offline.run_workload(llm, w)
+    offline.release(llm)
+    hf = build_hf_model(model, torch.float32, torch.device("cuda"), dummy_weights=False)
+    base = hf_continuous_batching(hf, w.prompts, w.max_tokens)
+    assert base.output_tokens == ours.output_tokens == w.output_tokens
+    assert base.token_ids == ours.token_ids
+
+
 def test_offline_quick_runs_the_whole_workload():
     result = offline.main(["--quick", "--device", "cpu"])
     w = offline.make_workload(8, 8, 48, 4, 12)
@@ -58,6 +73,17 @@ def test_decode_quick_reports_every_batch_size():
     results = decode.main(["--quick", "--device", "cpu"])
     assert [(r.batch_size, r.cuda_graph) for r in results] == [(1, False), (4, False)]
     assert all(math.isfinite(r.tpot_s) and r.tpot_s > 0 for r in results)
+
+
+def test_kernel_profile_groups_by_family_and_averages_over_steps():
+    assert decode.kernel_name("void flashinfer::BatchDecodeKernel<128u, 4u>(Params)") == "flashinfer::BatchDecodeKernel"
+    assert decode.kernel_name("_rope_kernel") == "_rope_kernel"
+    events = [("_rope_kernel", 0.0, 2.0), ("void gemv<1>(int)", 3.0, 10.0), ("Memcpy HtoD (Pinned -> Device)", 10.0, 11.0)]
+    p = decode.group_kernels(events + [(n, s + 20, e + 20) for n, s, e in events], steps=2)
+    assert p.kernels == 2  # the copy is not a kernel
+    assert [(g.name, g.count, g.us) for g in p.groups] == [("gemv", 1, 7.0), ("_rope_kernel", 1, 2.0), ("Memcpy HtoD", 1, 1.0)]
+    assert (p.busy_us, p.span_us) == (10.0, 15.5)
+    assert "GPU busy 10 us of a 16 us step span" in decode.kernel_table(p)
 
 
 @pytest.mark.gpu

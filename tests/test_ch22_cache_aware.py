@@ -216,8 +216,8 @@ def test_bad_policy_settings_are_refused_with_a_clear_error():
 def test_server_flag_reaches_the_scheduler_config(capsys):
     from minisgl.server.args import parse_args
 
-    assert parse_args(["--model", str(TINY_LLAMA)]).scheduler_config().schedule_policy == "fcfs"
-    assert parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm"]).scheduler_config().schedule_policy == "lpm"
+    assert parse_args(["--model", str(TINY_LLAMA)]).scheduler.schedule_policy == "fcfs"
+    assert parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm"]).scheduler.schedule_policy == "lpm"
     with pytest.raises(SystemExit) as e:
         parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm", "--prefix-cache", "naive"])
     assert e.value.code == 2 and "needs prefix_cache='radix'" in capsys.readouterr().err

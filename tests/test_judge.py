@@ -246,6 +246,54 @@ def test_every_exercise_is_complete() -> None:
         assert (registry.REFERENCE_DIR / f"{ex_id}.json").exists(), f"{ex_id}: no recorded reference"
 
 
+GOOD = 'chapter = 7\ntitle = "t"\ndifficulty = 2\nreplaces = ["minisgl.scheduler.prefill:PrefillAdder.try_admit"]\n'
+
+
+@pytest.mark.parametrize("text, says", [
+    (GOOD.replace("chapter = 7\n", ""), "missing field(s) 'chapter'"),
+    (GOOD.replace("chapter = 7", 'chapter = "seven"'), "field 'chapter' must be a whole number"),
+    (GOOD.replace("difficulty = 2", "difficulty = 4"), "difficulty is 1, 2 or 3"),
+    (GOOD + "replace = []\n", "unknown field(s) 'replace'"),
+    (GOOD.replace(":PrefillAdder", ".PrefillAdder"), "field 'replaces': 'minisgl.scheduler.prefill.PrefillAdder.try_admit' is not \"module:qualname\""),
+    (GOOD + 'timed = ["PrefillAdder.admit"]\n', "timed symbol 'PrefillAdder.admit' is not one of the required"),
+    (GOOD + 'optional = ["minisgl.scheduler.prefill:PrefillAdder.try_admit"]\n', "name PrefillAdder.try_admit more than once"),
+    (GOOD.replace('replaces = ["', 'replaces = [1, "'), "field 'replaces' lists strings, got 1"),
+    (GOOD, None),  # the well-formed one loads, its id from the folder
+    ("chapter = 7\ntitle = ", "exercise.toml: "),  # not TOML
+])
+def test_declaration_errors_name_file_and_field(tmp_path: Path, text: str, says) -> None:
+    from judge import declaration
+
+    folder = tmp_path / "my-exercise"
+    folder.mkdir()
+    (folder / "exercise.toml").write_text(text)
+    if says is None:
+        ex = declaration.load(folder)
+        assert (ex.id, ex.chapter, [r.qualname for r in ex.replaces]) == ("my-exercise", 7, ["PrefillAdder.try_admit"])
+        return
+    with pytest.raises(declaration.DeclarationError) as err:
+        declaration.load(folder)
+    assert str(folder / "exercise.toml") in str(err.value) and says in str(err.value)
+
+
+def test_missing_declaration_and_a_second_one_in_cases_are_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from judge import cli, declaration
+
+    with pytest.raises(declaration.DeclarationError, match="exercise.toml is missing"):
+        declaration.load(tmp_path)
+    root = tmp_path / "exercises" / "x-ex"
+    root.mkdir(parents=True)
+    (root / "exercise.toml").write_text(GOOD)
+    (root / "cases.py").write_text("from judge.api import case\nEXERCISE = None\n\n@case('c')\ndef c(obs):\n    pass\n")
+    monkeypatch.setattr(registry, "EXERCISES_DIR", tmp_path / "exercises")
+    monkeypatch.setattr(registry, "REPO_ROOT", tmp_path)
+    with pytest.raises(declaration.DeclarationError, match="cases.py defines EXERCISE: an exercise is declared once, in exercise.toml"):
+        registry.load("x-ex")
+    (root / "exercise.toml").write_text(GOOD.replace("difficulty = 2", "difficulty = \"hard\""))
+    assert cli.main(["list"]) == 2  # the command says what is wrong, without a traceback
+    assert "exercises/x-ex/exercise.toml: field 'difficulty' must be a whole number, got 'hard'" in capsys.readouterr().err
+
+
 # ---- the learner's class is installed whole, and super() works as in a subclass -------------------
 PREFILL = variants.solution_file("prefill-adder")
 OVERLAP = variants.solution_file("overlap-loop")

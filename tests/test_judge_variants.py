@@ -88,3 +88,27 @@ def test_a_variant_that_changes_nothing_or_lacks_a_reason_is_refused(monkeypatch
     monkeypatch.setattr(variants, "_read", lambda ex_id: {"variant": [{"name": "x", "edits": [{"old": "a", "new": "b"}]}]})
     with pytest.raises(variants.VariantError, match="needs a name, a why"):
         variants.declared("base-op")
+
+
+def _shared_symbols():
+    """(earlier exercise, later exercise, symbol) for every symbol two exercises both require."""
+    decl = sorted((registry.declared(i) for i in IDS), key=lambda e: e.chapter)
+    out = []
+    for k, a in enumerate(decl):
+        for b in decl[k + 1 :]:
+            later = {(r.module, r.qualname) for r in b.replaces if not r.optional}
+            out += [(a.id, b.id, r) for r in a.replaces if not r.optional and (r.module, r.qualname) in later and a.chapter < b.chapter]
+    return out
+
+
+@pytest.mark.parametrize("earlier, later, symbol", _shared_symbols(), ids=lambda x: getattr(x, "qualname", x))
+def test_an_answer_shows_no_later_exercise_answer(earlier: str, later: str, symbol: Replace) -> None:
+    """Where a later chapter's exercise asks for a new version of the same engine symbol, the
+    engine's def is the later answer: the earlier exercise's answer must be its own version, or
+    `judge.py answer` would hand out the later exercise (as chunk-size once gave cache-aware's
+    admission order)."""
+    base = variants.base_source(registry.load(earlier))
+    engine = variants.engine_source(symbol)
+    assert _defs(base, [symbol])[symbol.qualname] != _defs(engine, [Replace(symbol.module, symbol.attr)])[symbol.attr], (
+        f"{earlier}'s answer shows {symbol.qualname} as the engine has it, which is {later}'s answer: "
+        f"declare an [answer] edit in exercises/{earlier}/wrong.toml that gives {earlier}'s own version")

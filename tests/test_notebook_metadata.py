@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from file_module import load_file
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("notebook_metadata", REPO / "tools" / "notebook_metadata.py")
-meta = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(meta)
+meta = load_file(REPO / "tools" / "notebook_metadata.py", "_notebook_metadata_under_test")
 
 
 def test_every_chapter_is_checked():

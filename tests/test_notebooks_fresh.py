@@ -8,27 +8,19 @@ edited function or a new file in a chapter makes the stored notebook stale, and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from file_module import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
 NOTEBOOKS = sorted(p for p in CHAPTERS.glob("*.ipynb"))
 
 
-def _book():
-    spec = importlib.util.spec_from_file_location("_book_under_test", CHAPTERS / "book.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-book = _book()
+book = load_file(CHAPTERS / "book.py", "_book_under_test")
 
 
 def _text(value) -> str:

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from file_module import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("_run_notebooks_under_test", ROOT / "tools" / "run_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-runner = _runner()
+runner = load_file(ROOT / "tools" / "run_notebooks.py", "_run_notebooks_under_test")
 
 
 def _notebook(path: Path, *sources: str) -> Path:

@@ -7,24 +7,17 @@ tensors against torch), so a stage that imports but computes wrongly fails here 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from file_module import load_file
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _stages():
-    spec = importlib.util.spec_from_file_location("_stages_under_test", ROOT / "tools" / "stages.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-stages = _stages()
+stages = load_file(ROOT / "tools" / "stages.py", "_stages_under_test")
 
 
 def test_every_package_file_is_in_the_manifest():

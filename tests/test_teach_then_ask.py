@@ -1,7 +1,7 @@
 """Chapters teach, then ask: no chapter shows an exercise's answer before the exercise.
 
-An exercise's answer is the engine code the learner writes: every symbol its `EXERCISE.replaces`
-lists (exercises/<id>/cases.py), helpers included. A cell *reveals* an answer when
+An exercise's answer is the engine code the learner writes: every symbol its declaration
+(exercises/<id>/exercise.toml) lists in `replaces` and `optional`. A cell *reveals* an answer when
 - it shows engine code (`book.show` / `book.source`, read from the cell's source and from the
   tags on its outputs) whose lines overlap the answer's definition, or
 - its text (markdown, code, or any text output) contains lines of the answer's body that
@@ -22,16 +22,16 @@ from __future__ import annotations
 import ast
 import functools
 import html
-import importlib.util
 import json
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import pytest
+
+from file_module import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
@@ -40,15 +40,7 @@ EXERCISE_IDS = sorted(p.parent.name for p in (ROOT / "exercises").glob("*/cases.
 MIN_LINE = 12  # shorter body lines (`return x`, `pass`) say too little to count as a reveal
 
 
-def _book():
-    spec = importlib.util.spec_from_file_location("_book_teach_then_ask", CHAPTERS / "book.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-book = _book()
+book = load_file(CHAPTERS / "book.py", "_book_teach_then_ask")
 LAST_CHAPTER = max(int(p.name[:2]) for p in CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -111,10 +103,10 @@ def _body_lines(path: Path, qualname: str) -> List[str]:
 
 @functools.lru_cache(maxsize=None)
 def answers(exercise_id: str) -> Tuple[int, Tuple[Answer, ...]]:
-    """The exercise's chapter and the answer symbols it asks for (from its cases.py)."""
+    """The exercise's chapter and the answer symbols it asks for (from its exercise.toml)."""
     from judge import registry
 
-    ex = registry.load(exercise_id)
+    ex = registry.declared(exercise_id)
     starter = {line.strip() for line in (ROOT / "exercises" / exercise_id / "starter.py").read_text().splitlines()}
     counts = _package_line_counts()
     found = []

@@ -11,12 +11,13 @@ by tools/prepare_models.py.  If the engine's offline entry point
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+
+from minisgl.env import default_model_path  # noqa: E402
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -27,8 +28,7 @@ DEFAULT_PROMPTS = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompts", nargs="*", help="prompts (default: two examples)")
-    parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL")
-                        or str(REPO_ROOT / "models" / "smollm2-135m-instruct"))
+    parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args(argv)
     prompts = args.prompts or DEFAULT_PROMPTS

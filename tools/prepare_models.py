@@ -224,6 +224,20 @@ def greedy(model, tok, prompt: str, n: int = 8) -> list[int]:
     return out[0, ids["input_ids"].shape[1]:].tolist()
 
 
+def reload_and_greedy(folder: Path, what: str):
+    """Load a saved SmolLM2 folder as a user would (float32), check that its chat template opens
+    an assistant turn, and return (tokenizer, model, 8 greedy ids after 'The capital of France is')."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    if "<|im_start|>assistant" not in chat:
+        raise SystemExit(f"{what} chat template check failed: {chat!r}")
+    return tok, model, greedy(model, tok, "The capital of France is")
+
+
 # --------------------------------------------------------------------------- #
 # SmolLM2 from GGUF
 # --------------------------------------------------------------------------- #
@@ -269,18 +283,10 @@ def build_smollm2(out: Path) -> dict:
     patch_tokenizer_config(tmp)
     del plain
 
-    # Check the result from the saved directory, as a user would load it.
-    tok2 = AutoTokenizer.from_pretrained(tmp)
-    model2 = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    model2.eval()
-    text = tok2.decode(greedy(model2, tok2, "The capital of France is"))
+    tok2, _, ids = reload_and_greedy(tmp, "SmolLM2")
+    text = tok2.decode(ids)
     if not text.startswith(" Paris"):
         raise SystemExit(f"SmolLM2 check failed: greedy continuation was {text!r}")
-    chat = tok2.apply_chat_template(
-        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
-    )
-    if "<|im_start|>assistant" not in chat:
-        raise SystemExit(f"SmolLM2 chat template check failed: {chat!r}")
     log(f"  check: 'The capital of France is' -> {text!r}")
     install(tmp, out / SMOLLM2_DIR)
     return {"source": gguf.name, "check": text}
@@ -300,7 +306,7 @@ def build_smollm2_random(out: Path, source: Path) -> dict:
     folder itself (its files are read before the folder is replaced).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     missing = [f for f in ("config.json", "tokenizer.json", "tokenizer_config.json") if not (source / f).is_file()]
     if missing:
@@ -322,15 +328,9 @@ def build_smollm2_random(out: Path, source: Path) -> dict:
     patch_tokenizer_config(tmp)
     del model
 
-    tok = AutoTokenizer.from_pretrained(tmp)
-    model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    model.eval()
-    ids = greedy(model, tok, "The capital of France is")
+    tok, model, ids = reload_and_greedy(tmp, "random SmolLM2")
     if len(ids) != 8:
         raise SystemExit(f"random SmolLM2 check failed: greedy gave {ids}")
-    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    if "<|im_start|>assistant" not in chat:
-        raise SystemExit(f"random SmolLM2 chat template check failed: {chat!r}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"  check: {n_params / 1e6:.1f}M parameters, 'The capital of France is' -> {tok.decode(ids)!r} (gibberish)")
     install(tmp, out / SMOLLM2_DIR)

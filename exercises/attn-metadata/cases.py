@@ -5,18 +5,10 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.attention.torch_backend import TorchAttnBackend
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import BaseCacheHandle
-
-EXERCISE = Exercise(
-    id="attn-metadata",
-    chapter=5,
-    title="Attention metadata for the torch backend",
-    difficulty=2,
-    replaces=(Replace("minisgl.attention.torch_backend", "TorchAttnBackend.prepare_metadata"),),
-)
 
 
 def _batch(obs: Obs, specs, phase: str, seed: int = 0) -> None:

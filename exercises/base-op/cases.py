@@ -5,19 +5,11 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
 from minisgl.layers.base import BaseOP, OPList
 from minisgl.layers.linear import LinearReplicated
 from minisgl.layers.norm import RMSNorm
-
-EXERCISE = Exercise(
-    id="base-op",
-    chapter=2,
-    title="BaseOP.state_dict: layers without nn.Module",
-    difficulty=1,
-    replaces=(Replace("minisgl.layers.base", "BaseOP.state_dict"),),
-)
 
 CPU = dict(dtype=torch.float32, device=torch.device("cpu"))
 

@@ -5,19 +5,10 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.sample import Sampler, make_sampling_args
 from minisgl.kvcache import BaseCacheHandle
-
-EXERCISE = Exercise(
-    id="batched-sampler",
-    chapter=6,
-    title="A batched, seeded sampler: greedy, temperature, top-k, top-p",
-    difficulty=2,
-    timed=("Sampler.sample",),
-    replaces=(Replace("minisgl.engine.sample", "Sampler.sample"),),
-)
 
 VOCAB = 512
 

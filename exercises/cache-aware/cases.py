@@ -6,23 +6,10 @@ from dataclasses import replace
 from typing import List, Optional, Sequence
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.scheduler import prefill
 from minisgl.scheduler.prefill import PrefillManager
-
-EXERCISE = Exercise(
-    id="cache-aware",
-    chapter=22,
-    title="Cache-aware scheduling: longest prefix match first",
-    difficulty=3,
-    timed=("PrefillManager.schedule_next_batch",),
-    replaces=(
-        Replace("minisgl.scheduler.prefill", "longest_prefix_first"),
-        Replace("minisgl.scheduler.prefill", "PrefillManager.admission_order"),
-        Replace("minisgl.scheduler.prefill", "PrefillManager.schedule_next_batch"),
-    ),
-)
 
 
 def _order(obs: Obs, cache, queue: List, tag: str = "") -> None:
@@ -101,9 +88,7 @@ def _run(obs: Obs, schedule_policy: str, prompts: Sequence[Sequence[int]], max_t
     live, computed, tag = [], 0, f"{schedule_policy}, "
     decode_turn = False  # as the Scheduler: a step that leaves a prompt half done is followed by a decode step
     for step in range(max_steps):
-        for uid, (ids, at) in enumerate(zip(prompts, arrivals)):
-            if at == step:
-                pm.add(harness.pending(uid, ids, max_tokens[uid]))
+        harness.arrive(pm, step, prompts, arrivals, max_tokens)
         decoding = [r for r in live if r is not pm.chunked]
         batch = None if decode_turn and decoding else pm.schedule_next_batch(sum(cache.pages_to_finish(r) for r in live))
         decode_turn = False

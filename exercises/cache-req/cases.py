@@ -5,20 +5,9 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
 from minisgl.scheduler.prefill import PrefillManager
-
-EXERCISE = Exercise(
-    id="cache-req",
-    chapter=8,
-    title="A request's pages: pages_to_finish and release",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.scheduler.cache", "CacheManager.pages_to_finish"),
-        Replace("minisgl.scheduler.cache", "CacheManager.release"),
-    ),
-)
 
 
 class Sim:

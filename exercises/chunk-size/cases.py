@@ -3,20 +3,9 @@
 import random
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
 from minisgl.scheduler.prefill import PrefillManager
-
-EXERCISE = Exercise(
-    id="chunk-size",
-    chapter=10,
-    title="Chunked prefill: continue_chunk and the prefill schedule",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.scheduler.prefill", "PrefillAdder.continue_chunk"),
-        Replace("minisgl.scheduler.prefill", "PrefillManager.schedule_next_batch"),
-    ),
-)
 
 
 def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 256, arrivals=None, max_steps: int = 60, warm=()) -> None:
@@ -29,9 +18,7 @@ def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 25
     arrivals = arrivals or [0] * len(prompts)
     live = []
     for step in range(max_steps):
-        for uid, (ids, at) in enumerate(zip(prompts, arrivals)):
-            if at == step:
-                pm.add(harness.pending(uid, ids, 2))
+        harness.arrive(pm, step, prompts, arrivals, max_tokens=2)
         reserved = sum(cache.pages_to_finish(r) for r in live)
         batch = pm.schedule_next_batch(reserved)
         if batch is None:

@@ -8,18 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
-
-EXERCISE = Exercise(
-    id="flashinfer-meta",
-    chapter=17,
-    title="FlashInfer's page list: kv_indptr, kv_indices, kv_last_page_len",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.attention.flashinfer_backend", "page_layout"),
-        Replace("minisgl.kernel.index", "gather_page_indices_ref"),
-    ),
-)
+from judge.api import E2E, Obs, case, snapshot
 
 
 def _layout(obs: Obs, kv_lens, page_size: int) -> None:

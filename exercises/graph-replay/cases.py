@@ -7,20 +7,7 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
-
-EXERCISE = Exercise(
-    id="graph-replay",
-    chapter=18,
-    title="Replay decode steps from captured graphs",
-    difficulty=2,
-    timed=("GraphRunner.run",),
-    timing_cases=("shrinking",),
-    replaces=(
-        Replace("minisgl.engine.graph", "GraphRunner.padded_size"),
-        Replace("minisgl.engine.graph", "GraphRunner.run"),
-    ),
-)
+from judge.api import E2E, Obs, case
 
 
 def _ladder(obs: Obs, max_bs: int, sizes) -> None:

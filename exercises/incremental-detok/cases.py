@@ -7,19 +7,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from judge import harness
-from judge.api import Exercise, Obs, Replace, case
+from judge.api import Obs, case
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
-
-EXERCISE = Exercise(
-    id="incremental-detok",
-    chapter=13,
-    title="Incremental detokenizer: stream text, never a broken character",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.tokenizer.detokenize", "IncrementalDetokenizer.add"),
-        Replace("minisgl.tokenizer.detokenize", "IncrementalDetokenizer.flush"),
-    ),
-)
 
 TRICKY = ["Bonjour 🤖 !", "你好，世界", "e\u0301t\u00e9 👨‍👩‍👧 🇫🇷", "日本語 and 한국어"]
 

@@ -12,22 +12,10 @@ from typing import Any, List, Tuple
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
 from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, SchedulerErrorMsg, StatusMsg, StatusQuery,
                              UserMsg)
-
-EXERCISE = Exercise(
-    id="io-loop",
-    chapter=14,
-    title="The server loop: receive, handle, step, send",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.scheduler.io", "SchedulerIO.handle"),
-        Replace("minisgl.scheduler.io", "SchedulerIO.flush"),
-        Replace("minisgl.scheduler.io", "SchedulerIO.run_forever"),
-    ),
-)
 
 MAX_SPINS = 50  # polls in a row that deliver nothing before the case gives up on the loop
 

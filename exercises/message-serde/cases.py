@@ -6,7 +6,7 @@ import random
 import msgpack
 import torch
 
-from judge.api import Exercise, Obs, Replace, case
+from judge.api import Obs, case
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortMsg,
@@ -21,14 +21,6 @@ from minisgl.message import (
     UserReply,
     deserialize,
     serialize,
-)
-
-EXERCISE = Exercise(
-    id="message-serde",
-    chapter=12,
-    title="Messages on the wire: dataclass <-> msgpack",
-    difficulty=2,
-    replaces=(Replace("minisgl.message.serde", "encode_value"), Replace("minisgl.message.serde", "decode_value")),
 )
 
 

@@ -7,16 +7,7 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
-
-EXERCISE = Exercise(
-    id="moe-align",
-    chapter=20,
-    title="Sort routed rows into expert-pure blocks: moe_align_block_size",
-    difficulty=2,
-    timed=("moe_align_block_size",),
-    replaces=(Replace("minisgl.moe.align", "moe_align_block_size"),),
-)
+from judge.api import E2E, Obs, case, snapshot
 
 
 def _align(obs: Obs, topk_ids, block_size: int, num_experts: int, tag: str):

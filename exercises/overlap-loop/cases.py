@@ -1,32 +1,27 @@
-"""Cases for overlap-loop: token events and step traces of the scheduler, with and without overlap."""
+"""Cases for overlap-loop: token events and step traces of the scheduler, with and without overlap,
+JSON-constrained requests (the grammar needs each token before the next step) and log-probabilities."""
 
+import json
 import random
 
-from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
-from minisgl.core import SamplingParams
+import torch
 
-EXERCISE = Exercise(
-    id="overlap-loop",
-    chapter=11,
-    title="The main loop with overlap scheduling",
-    difficulty=3,
-    replaces=(
-        Replace("minisgl.scheduler.scheduler", "Scheduler.step"),
-        Replace("minisgl.scheduler.scheduler", "Scheduler.process_results"),
-    ),
-)
+from judge import harness
+from judge.api import E2E, Obs, case
+from minisgl.core import SamplingParams
 
 
 def _run(obs: Obs, prompts, params, *, overlap: bool, aborts=None, max_running: int = 8, budget: int = 8192) -> None:
-    """Drive the loop; record every on_token call (step, request, token, finish reason) and the trace."""
+    """Drive the loop; record every on_token call (step, request, token, finish reason), the
+    log-probabilities of the requests that ask for them, and the trace."""
     cfg = harness.scheduler_config(overlap=overlap, max_running_reqs=max_running, max_extend_tokens=budget)
     sched = harness.make_scheduler(cfg)
-    events = []
+    events, reqs = [], {}
     plain = type(sched).on_token
 
     def on_token(req, token, reason):
         events.append([len(sched.trace) - 1, req.uid, token, reason])
+        reqs[req.uid] = req
         plain(sched, req, token, reason)
 
     sched.on_token = on_token
@@ -44,6 +39,11 @@ def _run(obs: Obs, prompts, params, *, overlap: bool, aborts=None, max_running: 
     for i, u in enumerate(uids):
         out = sched.outputs.get(u, harness.Finished())
         obs.eq(f"request {i}: tokens and finish reason", [out.tokens, out.finish_reason])
+        if params[i].logprobs >= 0:
+            lp = reqs[u].token_logprobs if u in reqs else []
+            obs.eq(f"request {i}: number of log-probability entries (one per output token)", len(lp))
+            obs.close(f"request {i}: each output token's log-probability", torch.tensor([c for c, _ in lp]))
+            obs.eq(f"request {i}: the top {params[i].logprobs} alternatives' token ids per output token", [[t for t, _ in top] for _, top in lp])
     harness.record_trace(obs, sched.trace)
     sched.assert_all_free()
 
@@ -70,6 +70,25 @@ def stop_token(obs: Obs) -> None:
 @case("an abort while the request's batch is in flight", hint=3)
 def abort(obs: Obs) -> None:
     _run(obs, [[11, 12, 13], [21, 22], [31]], [SamplingParams(max_tokens=6, ignore_eos=True)] * 3, overlap=True, aborts={3: 1})
+
+
+# a schema xgrammar forces to `{"ok": true}` or `{"ok": false}`, so the request ends by itself
+# after a few tokens (end of sequence is all the grammar allows once the object is closed)
+OK_SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False})
+
+
+@case("JSON-constrained requests beside a plain one, overlap on", hint=4, timeout_s=120)
+def json_constrained(obs: Obs) -> None:
+    params = [SamplingParams(max_tokens=24, json_mode="schema", json_schema=OK_SCHEMA), SamplingParams(max_tokens=12, ignore_eos=True),
+              SamplingParams(max_tokens=6, json_mode="object")]
+    _run(obs, [[11, 12, 13], [21, 22], [31, 32, 33, 34]], params, overlap=True)
+
+
+@case("log-probabilities of every output token, overlap on", hint=4)
+def logprobs(obs: Obs) -> None:
+    params = [SamplingParams(max_tokens=5, ignore_eos=True, logprobs=3), SamplingParams(max_tokens=3, ignore_eos=True),
+              SamplingParams(max_tokens=6, ignore_eos=True, logprobs=0, temperature=0.8, seed=7)]
+    _run(obs, [[11, 12, 13], [21, 22], [31]], params, overlap=True, aborts={3: 0})
 
 
 @case("random requests, stop tokens and aborts, overlap on", kind=E2E, seeds=2, hint=3)

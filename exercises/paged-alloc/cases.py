@@ -5,17 +5,9 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import BaseCacheHandle
-
-EXERCISE = Exercise(
-    id="paged-alloc",
-    chapter=4,
-    title="Paged KV allocation: CacheManager.allocate",
-    difficulty=2,
-    replaces=(Replace("minisgl.scheduler.cache", "CacheManager.allocate"),),
-)
 
 
 def _run(obs: Obs, page_size: int, specs, steps: int, num_pages: int = 64, chunk: int = 10**9) -> None:

@@ -4,18 +4,9 @@ import random
 from typing import List
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.scheduler.prefill import PrefillAdder
-
-EXERCISE = Exercise(
-    id="prefill-adder",
-    chapter=7,
-    title="Admission control: PrefillAdder.try_admit",
-    difficulty=2,
-    timed=("PrefillAdder.try_admit",),
-    replaces=(Replace("minisgl.scheduler.prefill", "PrefillAdder.try_admit"),),
-)
 
 
 def _admit_queue(obs: Obs, table, cache, budget: int, reserved: int, queue: List) -> None:

@@ -5,25 +5,9 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.kvcache.radix_cache import RadixPrefixCache
-
-EXERCISE = Exercise(
-    id="radix-cache",
-    chapter=9,
-    title="The radix prefix cache: match, lock, insert, evict",
-    difficulty=3,
-    timed=("RadixPrefixCache.match_prefix", "RadixPrefixCache.insert_prefix", "RadixPrefixCache.evict"),
-    replaces=(
-        Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache.match_prefix"),
-        Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache.lock_handle"),
-        Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache.insert_prefix"),
-        Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache.evict"),
-        Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache._walk", optional=True),
-        Replace("minisgl.kvcache.radix_cache", "RadixPrefixCache._split", optional=True),
-    ),
-)
 
 
 class Driver:

@@ -5,17 +5,9 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case
+from judge.api import E2E, Obs, case
 from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import BaseCacheHandle
-
-EXERCISE = Exercise(
-    id="req-lengths",
-    chapter=1,
-    title="The request ledger: derived lengths and complete_one",
-    difficulty=1,
-    replaces=tuple(Replace("minisgl.core", f"Req.{n}") for n in ("extend_len", "remain_len", "is_chunk", "can_decode", "complete_one")),
-)
 
 
 def _req(prompt_len: int, max_tokens: int, cached: int = 0) -> Req:

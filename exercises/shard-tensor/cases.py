@@ -8,18 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
-
-EXERCISE = Exercise(
-    id="shard-tensor",
-    chapter=16,
-    title="Cut checkpoint tensors for a tensor-parallel rank",
-    difficulty=2,
-    replaces=(
-        Replace("minisgl.models.weight", "_shard_rows"),
-        Replace("minisgl.models.weight", "_qkv_part"),
-    ),
-)
+from judge.api import E2E, Obs, case, snapshot
 
 
 @contextmanager

@@ -4,17 +4,9 @@ import asyncio
 import random
 from typing import List
 
-from judge.api import Exercise, Obs, Replace, case
+from judge.api import Obs, case
 from minisgl.message import UserReply
 from minisgl.server import api
-
-EXERCISE = Exercise(
-    id="sse-stream",
-    chapter=15,
-    title="A streamed answer as Server-Sent Events",
-    difficulty=1,
-    replaces=(Replace("minisgl.server.api", "sse_events"),),
-)
 
 
 def completion_chunk(text, reason, start=False):

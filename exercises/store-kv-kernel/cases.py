@@ -7,19 +7,7 @@ import random
 import torch
 
 from judge import harness
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
-
-EXERCISE = Exercise(
-    id="store-kv-kernel",
-    chapter=19,
-    title="Store keys and values into the KV pool",
-    difficulty=1,
-    timed=("store_kv",),
-    replaces=(
-        Replace("minisgl.kernel.store", "store_kv"),
-        Replace("minisgl.kernel.store", "store_kv_ref"),
-    ),
-)
+from judge.api import E2E, Obs, case, snapshot
 
 
 def _qkv_views(gen, tokens: int, q_heads: int, kv_heads: int, dim: int, dtype):

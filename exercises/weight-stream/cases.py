@@ -8,19 +8,8 @@ import torch
 
 from judge import harness
 from minisgl.distributed.info import TPInfo, set_tp_info
-from judge.api import E2E, Exercise, Obs, Replace, case, snapshot
+from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
-
-EXERCISE = Exercise(
-    id="weight-stream",
-    chapter=3,
-    title="Streaming weights into merged and sharded parameters",
-    difficulty=3,
-    replaces=(
-        Replace("minisgl.models.weight", "_place"),
-        Replace("minisgl.models.weight", "_qkv_part", optional=True),
-    ),
-)
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -18,11 +18,18 @@ class BaseAttnBackend(ABC):
         """Fill `batch.attn_metadata` (called once per batch, before the forward pass)."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int, batch: "Batch") -> torch.Tensor:
         """Store this step's k/v (`[tokens, kv_heads, head_dim]`) at `batch.out_loc`, then attend.
+        `k = v = None`: the caller already wrote them there (see `kv_destination`).
 
         q: `[tokens, q_heads, head_dim]`. Returns `[tokens, q_heads, head_dim]`.
         """
+
+    def kv_destination(self, layer_id: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The layer's key and value caches (`[slots, kv_heads, head_dim]`, contiguous) when the
+        caller may write this step's k/v into them itself, fused with RoPE, and then call
+        `forward(q, None, None, ...)`; None (the default): pass k and v to `forward`."""
+        return None
 
     # CUDA-graph hooks; a backend that cannot be captured keeps these defaults.
     def supports_cuda_graph(self) -> bool:

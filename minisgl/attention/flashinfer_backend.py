@@ -173,9 +173,13 @@ class FlashInferAttnBackend(BaseAttnBackend):
         batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper, layout.total)
 
     # ---- the forward pass --------------------------------------------------------------------
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
-        k_flat, v_flat = self._flat[layer_id]
-        store_kv(k, v, k_flat, v_flat, batch.out_loc)
+    def kv_destination(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._flat[layer_id]  # the RoPE kernel writes k and v here: one launch per layer fewer
+
+    def forward(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int, batch: "Batch") -> torch.Tensor:
+        if k is not None:
+            k_flat, v_flat = self._flat[layer_id]
+            store_kv(k, v, k_flat, v_flat, batch.out_loc)
         meta: FlashInferMetadata = batch.attn_metadata
         return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
 

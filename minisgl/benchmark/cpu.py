@@ -24,8 +24,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.env import default_model_path
 from minisgl.llm import LLM
-from minisgl.utils import default_model_path
 
 from .hf_baseline import hf_generate
 

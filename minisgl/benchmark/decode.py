@@ -5,6 +5,10 @@ every request comes from prefill; the time from the moment the last request got 
 token to the moment the last token arrived, over `steps`, is the time of one decode step,
 which is every request's time per output token.
 
+On a GPU it then profiles a few decode steps and prints what one step runs: the kernel count,
+the kernels grouped by name (launches and GPU time per step, heaviest first), and how much of
+the step's span the GPU was busy (the rest is the GPU waiting for the host).
+
     python -m minisgl.benchmark.decode                 # Qwen3-0.6B shape, batch 1, 16, 64, 256
     python -m minisgl.benchmark.decode --quick         # tiny model, runs on the CPU
 """
@@ -15,16 +19,15 @@ import argparse
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.env import REPO_ROOT
 from minisgl.llm import LLM
-from minisgl.utils.misc import REPO_ROOT
 
-from .offline import build_llm, release
+from .build import build_llm, has_weights, release
 
 
 @dataclass
@@ -32,7 +35,8 @@ class DecodeResult:
     batch_size: int
     cuda_graph: bool
     tpot_s: float
-    kernels: Optional[int] = None  # GPU kernels one decode step launches (None on the CPU)
+    kernels: Optional[float] = None  # GPU kernels one decode step launches (None on the CPU)
+    profile: Optional[StepProfile] = None  # what those kernels are (None on the CPU)
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,29 +65,81 @@ def measure_tpot(llm: LLM, bs: int, input_len: int, steps: int, seed: int = 0) -
     return (last[0] - max(first.values())) / steps
 
 
-def kernels_per_step(llm: LLM, bs: int, input_len: int, seed: int = 1) -> Optional[int]:
-    """Count the kernels of one decode step with the profiler (kernels inside a replayed CUDA
-    graph are counted one by one; copies and memsets are not kernels)."""
+@dataclass
+class KernelGroup:
+    """Kernels of one name (template arguments dropped) within one decode step."""
+
+    name: str
+    count: float  # launches per step
+    us: float  # GPU time per step, microseconds
+
+
+@dataclass
+class StepProfile:
+    """What one decode step runs on the GPU, averaged over a few consecutive steps."""
+
+    kernels: float  # kernels per step (copies and memsets are not kernels)
+    busy_us: float  # sum of kernel and copy durations per step
+    span_us: float  # first start to last end, divided by the steps: busy + idle gaps
+    groups: List[KernelGroup]
+
+
+def kernel_name(raw: str) -> str:
+    """`void flashinfer::Foo<128u, ...>(Params)` -> `flashinfer::Foo`: one name per kernel family."""
+    name = raw[5:] if raw.startswith("void ") else raw
+    cut = [i for i in (name.find("<"), name.find("(")) if i > 0]
+    return (name[: min(cut)] if cut else name).strip()
+
+
+def group_kernels(events: Sequence[Tuple[str, float, float]], steps: int) -> StepProfile:
+    """events: (name, start_us, end_us) of every GPU activity in `steps` consecutive steps."""
+    by_name: Dict[str, List[float]] = {}
+    for name, start, end in events:
+        by_name.setdefault(kernel_name(name), []).append(end - start)
+    groups = sorted((KernelGroup(n, len(d) / steps, sum(d) / steps) for n, d in by_name.items()), key=lambda g: -g.us)
+    kernels = sum(1 for name, _, _ in events if not name.startswith(("Memcpy", "Memset"))) / steps
+    busy = sum(end - start for _, start, end in events) / steps
+    span = (max(e for _, _, e in events) - min(s for _, s, _ in events)) / steps if events else 0.0
+    return StepProfile(kernels, busy, span, groups)
+
+
+def profile_decode_steps(llm: LLM, bs: int, input_len: int, steps: int = 4, seed: int = 1) -> Optional[StepProfile]:
+    """Profile `steps` consecutive decode steps of `bs` requests in their steady state (kernels
+    inside a replayed CUDA graph are seen one by one). None on the CPU."""
     if llm.device.type != "cuda":
         return None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     rng = random.Random(seed)
-    uids = [llm.add_request([rng.randint(0, 10000) for _ in range(input_len)], SamplingParams(max_tokens=16, ignore_eos=True)) for _ in range(bs)]
+    uids = [llm.add_request([rng.randint(0, 10000) for _ in range(input_len)], SamplingParams(max_tokens=steps + 8, ignore_eos=True)) for _ in range(bs)]
     start = len(llm.trace)
     while not any(t.phase == "decode" for t in llm.trace[start:]):
         llm.step()
     llm.step()  # a second decode step: the overlap loop is now in its steady state
     torch.cuda.synchronize(llm.device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.step()
+        for _ in range(steps):
+            llm.step()
         torch.cuda.synchronize(llm.device)
     while not llm.is_idle:
         llm.step()
     for uid in uids:
         llm.take_output(uid)
-    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return group_kernels(events, steps)
+
+
+def kernel_table(p: StepProfile, top: int = 16) -> str:
+    """The heaviest kernel families of a step, then the rest folded into one line."""
+    lines = [f"    {'kernel':<60} {'per step':>9} {'us/step':>9}"]
+    for g in p.groups[:top]:
+        lines.append(f"    {g.name[:60]:<60} {g.count:9.1f} {g.us:9.1f}")
+    rest = p.groups[top:]
+    if rest:
+        lines.append(f"    {f'({len(rest)} more names)':<60} {sum(g.count for g in rest):9.1f} {sum(g.us for g in rest):9.1f}")
+    lines.append(f"    GPU busy {p.busy_us:.0f} us of a {p.span_us:.0f} us step span ({100 * p.busy_us / max(p.span_us, 1e-9):.0f}%)")
+    return "\n".join(lines)
 
 
 def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool], page_size: int = 1, device: str = "auto") -> List[DecodeResult]:
@@ -103,10 +159,13 @@ def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, ste
         measure_tpot(llm, min(max_bs, 4), input_len, 4)  # warm-up: compiles kernels
         for bs in batch_sizes:
             tpot = measure_tpot(llm, bs, input_len, steps)
-            results.append(DecodeResult(bs, llm.engine.graph_runner is not None, tpot, kernels_per_step(llm, bs, input_len)))
-            r = results[-1]
-            kernels = "" if r.kernels is None else f"  {r.kernels} kernels/step"
+            prof = profile_decode_steps(llm, bs, input_len)
+            r = DecodeResult(bs, llm.engine.graph_runner is not None, tpot, None if prof is None else prof.kernels, prof)
+            results.append(r)
+            kernels = "" if prof is None else f"  {prof.kernels:.0f} kernels/step"
             print(f"batch {bs:4d}  cuda graph {'on ' if r.cuda_graph else 'off'}  TPOT {r.tpot_s * 1e3:7.3f} ms  ({r.tokens_per_s:,.0f} tok/s){kernels}", flush=True)
+            if prof is not None:
+                print(kernel_table(prof), flush=True)
         release(llm)
     return results
 
@@ -128,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[DecodeResult]:
     else:
         model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
         sizes, input_len, steps = [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps
-    dummy = not any(Path(model).glob("*.safetensors"))
+    dummy = not has_weights(model)
     graphs = [g.strip() == "on" for g in args.graphs.split(",")]
     if not torch.cuda.is_available() or args.device == "cpu":
         graphs = [False]  # CUDA graphs need a GPU

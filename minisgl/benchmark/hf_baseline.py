@@ -1,9 +1,12 @@
-"""The baseline: Hugging Face `generate` on the same requests (sdpa attention, one left-padded
-batch, greedy, every request forced to its `max_tokens`).
+"""The baselines: Hugging Face transformers on the same requests, greedy, every request forced to
+its `max_tokens` (end-of-sequence never stops one).
 
-`generate` runs the batch until its longest request is done, so shorter requests keep
-producing tokens nobody asked for; only the requested tokens are counted, the same count the
-engine is measured by.
+- `hf_generate`: `generate` on one left-padded batch (sdpa attention). It runs the batch until
+  its longest request is done, so shorter requests keep producing tokens nobody asked for; only
+  the requested tokens are counted, the same count the engine is measured by.
+- `hf_continuous_batching`: transformers' own continuous batching (`init_continuous_batching`:
+  a paged KV cache, requests join and leave the running batch), each request with its own
+  `max_new_tokens`: the same kind of scheduling the engine does.
 """
 
 from __future__ import annotations
@@ -66,3 +69,48 @@ def hf_generate(model, prompts: Sequence[Sequence[int]], max_tokens: Sequence[in
     seconds = time.perf_counter() - start
     new = out[:, longest:].tolist()
     return HFResult(seconds, sum(max_tokens), [row[:n] for row, n in zip(new, max_tokens)])
+
+
+def _finished(result) -> bool:
+    if hasattr(result, "is_finished"):
+        return result.is_finished()
+    return getattr(result.status, "name", str(result.status)).upper() == "FINISHED"
+
+
+@torch.inference_mode()
+def hf_continuous_batching(model, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> HFResult:
+    """transformers' continuous batching on the requests; wall time from the first request added
+    to the last one finished (the manager's start-up, which may capture graphs, is not timed)."""
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    # eos_token_id -1: no token ends a request early (transformers' way of switching it off)
+    config = GenerationConfig(max_new_tokens=max(max_tokens), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config)
+    manager.start()
+    results = {}
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        ids = [f"req{i}" for i in range(len(prompts))]
+        for rid, p, m in zip(ids, prompts, max_tokens):
+            manager.add_request([int(t) for t in p], request_id=rid, max_new_tokens=m)
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError(f"transformers' continuous batching stopped with {len(ids) - len(results)} requests unfinished")
+                continue
+            if _finished(result):
+                results[result.request_id] = result
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.stop(block=True)
+    tokens = [list(results[rid].generated_tokens) for rid in ids]
+    short = [(rid, len(t), m) for rid, t, m in zip(ids, tokens, max_tokens) if len(t) < m]
+    if short:
+        raise RuntimeError(f"transformers' continuous batching returned fewer tokens than asked for: {short[:3]}")
+    return HFResult(seconds, sum(max_tokens), [t[:m] for t, m in zip(tokens, max_tokens)])

@@ -7,6 +7,7 @@ tokens from 142,827 prompt tokens.
 
     python -m minisgl.benchmark.offline                   # Qwen3-0.6B shape, random weights
     python -m minisgl.benchmark.offline --hf-baseline 32  # plus Hugging Face generate
+    python -m minisgl.benchmark.offline --hf-cb 32        # plus transformers' continuous batching
     python -m minisgl.benchmark.offline --quick           # tiny model, seconds, CPU is fine
 """
 
@@ -23,11 +24,13 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from minisgl.core import SamplingParams, set_global_ctx
-from minisgl.engine import EngineConfig
+from minisgl.core import SamplingParams
+from minisgl.env import REPO_ROOT
 from minisgl.llm import LLM
 from minisgl.scheduler import SchedulerConfig
-from minisgl.utils.misc import REPO_ROOT
+from minisgl.utils.misc import add_config_flags, config_options
+
+from .build import build_llm, has_weights, release, sync
 
 FULL_OUTPUT_TOKENS = 133_966
 FULL_INPUT_TOKENS = 142_827
@@ -102,44 +105,13 @@ class OfflineResult:
         return self.output_tokens / self.seconds
 
 
-def build_llm(model: str, *, dummy_weights: bool, page_size: int = 1, max_running_reqs: int = 256, use_cuda_graph: bool = True, attention_backend: str = "auto", device: str = "auto", dtype: str = "auto", **kw) -> LLM:
-    engine = EngineConfig(
-        model_path=model,
-        dummy_weights=dummy_weights,
-        page_size=page_size,
-        max_running_reqs=max_running_reqs,
-        use_cuda_graph=use_cuda_graph,
-        cuda_graph_max_bs=max_running_reqs,
-        attention_backend=attention_backend,
-        device=device,
-        dtype=dtype,
-        **kw,
-    )
-    return LLM(config=SchedulerConfig(engine=engine))
-
-
-def release(llm: LLM) -> None:
-    """Free an engine's GPU memory (KV pool, graphs) so another model can use it."""
-    llm.shutdown()  # stops the other tensor-parallel ranks, if any
-    set_global_ctx(None)
-    del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _sync(llm: LLM) -> None:
-    if llm.device.type == "cuda":
-        torch.cuda.synchronize(llm.device)
-
-
 def run_workload(llm: LLM, workload: Workload, temperature: float = 0.0) -> OfflineResult:
     params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=temperature) for m in workload.max_tokens]
     first_step = len(llm.trace)
-    _sync(llm)
+    sync(llm)
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, params)
-    _sync(llm)
+    sync(llm)
     seconds = time.perf_counter() - start
     token_ids = [o.token_ids for o in outs]
     for ids, m in zip(token_ids, workload.max_tokens):
@@ -157,42 +129,31 @@ def warm_up(llm: LLM, seed: int = 1) -> None:
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Offline throughput on the nano-vllm workload.")
-    ap.add_argument("--model", default=None, help="model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)")
     ap.add_argument("--real-weights", action="store_true", help="load the checkpoint instead of random weights")
     ap.add_argument("--num-seqs", type=int, default=256, help="number of requests")
-    ap.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
-    ap.add_argument("--max-running-reqs", type=int, default=256, help="requests decoded together at most")
-    ap.add_argument("--no-cuda-graph", action="store_true", help="run decode without CUDA graphs")
-    ap.add_argument("--attention-backend", default="auto", help="auto | flashinfer | torch")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    ap.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one per GPU (the bandwidth floor is then per GPU)")
     ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
+    ap.add_argument("--hf-cb", type=int, default=0, metavar="N", help="also run transformers' continuous batching on the first N requests")
     ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
+    # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
+    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)"})
     return ap.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
     args = _parse(argv)
+    options = config_options(args, SchedulerConfig)
+    model = options.pop("model_path", None)
     if args.quick:
-        model = args.model or str(REPO_ROOT / "models" / "tiny-qwen3")
+        model = model or str(REPO_ROOT / "models" / "tiny-qwen3")
         workload = make_workload(min(args.num_seqs, 8), 8, 48, 4, 12)
     else:
-        model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
+        model = model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
         workload = make_workload(args.num_seqs)
         if args.num_seqs == 256:
             assert (workload.output_tokens, workload.input_tokens) == (FULL_OUTPUT_TOKENS, FULL_INPUT_TOKENS)
-    dummy = not args.real_weights and not any(Path(model).glob("*.safetensors"))  # config-only folders
-    llm = build_llm(
-        model,
-        dummy_weights=dummy,
-        page_size=args.page_size,
-        max_running_reqs=args.max_running_reqs,
-        use_cuda_graph=not args.no_cuda_graph,
-        attention_backend=args.attention_backend,
-        device=args.device,
-        tp_size=args.tp_size,
-    )
+    dummy = options.pop("dummy_weights", not args.real_weights and not has_weights(model))  # config-only folders
+    llm = build_llm(model, dummy_weights=dummy, **options)
     eng = llm.engine
     on_gpu = eng.device.type == "cuda"
     name = torch.cuda.get_device_name(eng.device) if on_gpu else "CPU"
@@ -207,8 +168,8 @@ def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
     print(f"minisgl: {result.seconds:.2f} s, {result.tokens_per_s:,.0f} output tok/s")
     if on_gpu:
         _print_floor(llm, workload, result)
-    if args.hf_baseline > 0:
-        _compare_hf(llm, model, dummy, workload.head(args.hf_baseline), result, args.temperature)
+    if args.hf_baseline > 0 or args.hf_cb > 0:
+        _compare_hf(llm, model, dummy, workload, args.hf_baseline, args.hf_cb, result, args.temperature)
     else:
         release(llm)
     return result
@@ -227,26 +188,36 @@ def _print_floor(llm: LLM, workload: Workload, result: OfflineResult) -> None:
     )
 
 
-def _compare_hf(llm: LLM, model: str, dummy: bool, subset: Workload, full: OfflineResult, temperature: float) -> None:
-    from .hf_baseline import build_hf_model, hf_generate
+def _compare_hf(llm: LLM, model: str, dummy: bool, workload: Workload, n_generate: int, n_cb: int, full: OfflineResult, temperature: float) -> None:
+    """Each baseline on the first N requests, the engine on the same N in the same process; then
+    the baseline's rate scaled to the full workload (an upper bound on the ratio: a baseline's
+    throughput grows with the number of requests it batches)."""
+    from .hf_baseline import build_hf_model, hf_continuous_batching, hf_generate
 
-    ours = run_workload(llm, subset, temperature)
+    ours = {n: run_workload(llm, workload.head(n), temperature) for n in sorted({n_generate, n_cb} - {0})}
     device, dtype = llm.engine.device, llm.engine.dtype
     release(llm)
     hf = build_hf_model(model, dtype, device, dummy)
-    hf_generate(hf, subset.prompts[:2], [4, 4])  # warm-up
-    base = hf_generate(hf, subset.prompts, subset.max_tokens)
+    runs = []
+    if n_generate > 0:
+        hf_generate(hf, workload.prompts[:2], [4, 4])  # warm-up
+        runs.append((f"HF generate (sdpa, one left-padded batch of {n_generate}, greedy)", n_generate, hf_generate(hf, workload.head(n_generate).prompts, workload.head(n_generate).max_tokens)))
+    if n_cb > 0:
+        hf_continuous_batching(hf, workload.prompts[:2], [4, 4])  # warm-up
+        sub = workload.head(n_cb)
+        runs.append((f"transformers continuous batching (init_continuous_batching, {n_cb} requests, greedy)", n_cb, hf_continuous_batching(hf, sub.prompts, sub.max_tokens)))
     del hf
     gc.collect()
-    n = len(subset.prompts)
-    print(f"HF generate (sdpa, one left-padded batch of {n}, greedy): {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} tok/s")
-    print(f"minisgl on the same {n} requests: {ours.seconds:.2f} s = {ours.tokens_per_s:,.0f} tok/s ({ours.tokens_per_s / base.tokens_per_s:.1f}x HF on the same requests)")
-    est = base.seconds * full.output_tokens / base.output_tokens
-    print(
-        f"scaled: HF at {base.tokens_per_s:,.0f} tok/s would need ~{est:.0f} s for the full workload's {full.output_tokens} tokens; "
-        f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x "
-        f"(an upper bound: HF's throughput grows with its batch, so the same-request ratio above is the fair one)"
-    )
+    for label, n, base in runs:
+        mine = ours[n]
+        same = sum(a == b for a, b in zip(base.token_ids, mine.token_ids))
+        print(f"{label}: {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} tok/s")
+        print(f"minisgl on the same {n} requests: {mine.seconds:.2f} s = {mine.tokens_per_s:,.0f} tok/s ({mine.tokens_per_s / base.tokens_per_s:.1f}x on the same requests; {same}/{n} requests token-equal)")
+        est = base.seconds * full.output_tokens / base.output_tokens
+        print(
+            f"  scaled: at {base.tokens_per_s:,.0f} tok/s the full workload's {full.output_tokens} tokens would take ~{est:.0f} s; "
+            f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x (an upper bound: the baseline's throughput grows with its batch)"
+        )
 
 
 if __name__ == "__main__":

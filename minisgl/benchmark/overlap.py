@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from minisgl.core import SamplingParams
-from minisgl.engine import EngineConfig
+from minisgl.env import default_model_path
 from minisgl.llm import LLM
-from minisgl.scheduler import SchedulerConfig
-from minisgl.utils import default_model_path
+
+from .build import build_llm, has_weights
 
 PHASES = ("schedule", "prepare", "launch", "wait", "read")
 HOST_PHASES = ("schedule", "prepare", "launch", "read")  # the host is busy; `wait` it is not
@@ -150,16 +150,7 @@ def measure(llm: LLM, bs: int, input_len: int, steps: int, overlap: bool, seed: 
 
 def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, device: str = "auto", attention_backend: str = "auto") -> List[OverlapResult]:
     max_bs = max(batch_sizes)
-    engine = EngineConfig(
-        model_path=model,
-        dummy_weights=dummy,
-        device=device,
-        attention_backend=attention_backend,
-        max_running_reqs=max_bs,
-        cuda_graph_max_bs=max_bs,
-        max_seq_len=input_len + steps + 8,
-    )
-    llm = LLM(config=SchedulerConfig(engine=engine, prefix_cache="naive"))
+    llm = build_llm(model, dummy_weights=dummy, device=device, attention_backend=attention_backend, max_running_reqs=max_bs, max_seq_len=input_len + steps + 8, prefix_cache="naive")
     measure(llm, min(max_bs, 4), input_len, 4, overlap=False)  # warm-up: kernels, allocator
     results = []
     for bs in batch_sizes:
@@ -193,7 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[OverlapResult]:
     ap.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     model = args.model or str(default_model_path())
-    dummy = args.dummy_weights or not any(Path(model).glob("*.safetensors"))
+    dummy = args.dummy_weights or not has_weights(model)
     results = run(model, dummy, [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps, args.device, args.attention_backend)
     if args.json is not None:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1) + "\n")

@@ -13,18 +13,19 @@ rendezvous instead would hang until the timeout if a worker crashed while starti
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+from minisgl.env import ENV
+
 from .info import TPInfo, set_tp_info
 
 # How long a collective may wait for a peer before it fails instead of hanging. Long enough for
 # a slow first step (kernel compilation), short enough that a stuck peer is noticed.
-DEFAULT_TIMEOUT_S = float(os.environ.get("MINISGL_TP_TIMEOUT", "300"))
+DEFAULT_TIMEOUT_S = ENV.tp_timeout  # MINISGL_TP_TIMEOUT
 _HOST = "127.0.0.1"
 
 

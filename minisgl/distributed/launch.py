@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import torch
+
+from .group import destroy_tp_group, host_store, init_tp_group, join_store
+
 _CTX = mp.get_context("spawn")
 
 
@@ -161,10 +165,6 @@ class RankProcesses:
 
 
 def _run_rank(rank: int, size: int, conn: Connection, fn: Callable[[int, int], Any], port: int, device: str) -> None:
-    import torch
-
-    from .group import destroy_tp_group, init_tp_group, join_store
-
     try:
         init_tp_group(rank, size, join_store(port), torch.device(rank_device(device, rank)))
         send_msg(conn, ("result", fn(rank, size)))
@@ -178,8 +178,6 @@ def run_on_ranks(fn: Callable[[int, int], Any], size: int, device: str = "cpu", 
     """Run `fn(rank, size)` in `size` fresh processes joined in one group; return every rank's
     result in rank order. `fn` must be importable (defined at module level) and its result
     picklable. For experiments and tests; `LLM(tp_size=N)` keeps its workers alive instead."""
-    from .group import host_store
-
     store = host_store()  # lives here, so the ranks can meet even if rank 0 is slow to start
     group = RankProcesses.spawn(range(size), size, _run_rank, (fn, store.port, device))
     try:

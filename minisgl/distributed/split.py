@@ -3,13 +3,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
-
-if TYPE_CHECKING:
-    from minisgl.models.config import ModelConfig
+from typing import Any, Dict, List, Protocol
 
 
-def tp_split_problems(cfg: "ModelConfig", tp_size: int) -> List[str]:
+class ShardedShape(Protocol):
+    """What the check reads of a model's config (`minisgl.models.ModelConfig` has all of it; the
+    models build on this package, so it is named here rather than imported)."""
+
+    architecture: str
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    num_experts: int
+    moe_intermediate_size: int
+    raw: Dict[str, Any]
+
+
+def tp_split_problems(cfg: ShardedShape, tp_size: int) -> List[str]:
     """Every reason `cfg` cannot be sharded over `tp_size` ranks (empty when it can)."""
     problems: List[str] = []
     if tp_size < 1:
@@ -28,7 +38,7 @@ def tp_split_problems(cfg: "ModelConfig", tp_size: int) -> List[str]:
     return problems
 
 
-def check_tp_split(cfg: "ModelConfig", tp_size: int) -> None:
+def check_tp_split(cfg: ShardedShape, tp_size: int) -> None:
     problems = tp_split_problems(cfg, tp_size)
     if problems:
         divisors = [n for n in range(1, 9) if not tp_split_problems(cfg, n)]

@@ -12,7 +12,6 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.distributed.comm import min_over_ranks
 from minisgl.distributed.info import TPInfo, set_tp_info
-from minisgl.env import ENV
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
 from minisgl.utils import div_ceil, package_has
@@ -62,7 +61,7 @@ class Engine:
         self.sampler = Sampler(self.model_config.vocab_size)
         self.graph_runner = None
         if self.wants_cuda_graph():
-            from .graph import GraphRunner
+            from .graph import GraphRunner  # here: graph.py arrives with chapter 18 (wants_cuda_graph)
 
             self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
 
@@ -112,8 +111,7 @@ class Engine:
         the package as of an earlier chapter runs every step eagerly)."""
         return (
             self.device.type == "cuda"
-            and self.config.use_cuda_graph
-            and not ENV.disable_cuda_graph
+            and self.config.use_cuda_graph  # off by default under MINISGL_DISABLE_CUDA_GRAPH=1
             and self.attn_backend.supports_cuda_graph()
             and package_has("minisgl.engine.graph")
         )

@@ -9,12 +9,14 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 from .activation import silu_and_mul, silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
-from .rope import apply_rope, apply_rope_ref
+from .rope import apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
 from .store import store_kv, store_kv_ref
 from .util import triton_available
 
 __all__ = [
     "apply_rope",
+    "apply_rope_and_store",
+    "apply_rope_and_store_ref",
     "apply_rope_ref",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_ref",

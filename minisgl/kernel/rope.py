@@ -1,5 +1,7 @@
 """Rotary position embedding (rotate-half layout) for queries and keys in one launch, with
-Qwen3's per-head RMSNorm folded in when the model has one.
+Qwen3's per-head RMSNorm folded in when the model has one, and optionally the KV store: the
+rotated keys and the values go straight to their slots in the pool instead of through a
+separate store kernel.
 
 The PyTorch path takes about a dozen kernels per layer (two gathers, casts, the half rotation
 by `cat`, four products, two sums). Rounding follows the reference: `cos`/`sin` are rounded to
@@ -13,6 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from .norm import rmsnorm_ref
+from .store import store_kv, store_kv_ref
 from .util import next_pow2, use_triton
 
 try:
@@ -20,8 +23,9 @@ try:
     import triton.language as tl
 
     @triton.jit
-    def _norm_rope_heads(x_ptr, out_ptr, w_ptr, t, c, s, stride_t, stride_h, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
-        # every head of token t: optional RMSNorm over the head (both halves), then the rotation
+    def _norm_rope_heads(x_ptr, out_ptr, w_ptr, t, row, c, s, stride_t, stride_h, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+        # every head of token t: optional RMSNorm over the head (both halves), then the rotation;
+        # the result is row `row` of a contiguous [rows, H, 2 * HALF] output
         h = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < H) & (d < HALF)
@@ -38,22 +42,35 @@ try:
             x2 = ((f2 * inv).to(dt) * w2).to(dt)
         o1 = (x1 * c).to(dt) + (-x2 * s).to(dt)
         o2 = (x2 * c).to(dt) + (x1 * s).to(dt)
-        dst = out_ptr + t * (H * 2 * HALF) + h * (2 * HALF) + d
+        dst = out_ptr + row * (H * 2 * HALF) + h * (2 * HALF) + d
         tl.store(dst, o1.to(dt), mask=mask)
         tl.store(dst + HALF, o2.to(dt), mask=mask)
 
     @triton.jit
     def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_stride_t, q_stride_h, k_stride_t, k_stride_h, cos_stride, eps,
-                     HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
-        # one program per token, q heads and k heads in the same launch; outputs are contiguous
+                     v_ptr, vc_ptr, loc_ptr, v_stride_t, v_stride_h,
+                     HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+                     STORE: tl.constexpr, BLOCK_V: tl.constexpr):
+        # one program per token, q heads and k heads in the same launch; outputs are contiguous.
+        # STORE: `ko_ptr` is the layer's key cache and k goes to row `loc[t]` of it, and the
+        # token's value row is copied to the same row of the value cache `vc_ptr`
         t = tl.program_id(0).to(tl.int64)
         pos = tl.load(pos_ptr + t).to(tl.int64)
         d = tl.arange(0, BLOCK_D)[None, :]
         dt = qo_ptr.dtype.element_ty
         c = tl.load(cos_ptr + pos * cos_stride + d, mask=d < HALF, other=0.0).to(dt)
         s = tl.load(sin_ptr + pos * cos_stride + d, mask=d < HALF, other=0.0).to(dt)
-        _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, t, c, s, q_stride_t, q_stride_h, eps, HQ, HALF, BLOCK_HQ, BLOCK_D, NORM)
-        _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
+        _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, t, t, c, s, q_stride_t, q_stride_h, eps, HQ, HALF, BLOCK_HQ, BLOCK_D, NORM)
+        if STORE:
+            slot = tl.load(loc_ptr + t).to(tl.int64)
+            _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, slot, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
+            hv = tl.arange(0, BLOCK_HK)[:, None]
+            dv = tl.arange(0, BLOCK_V)[None, :]
+            mv = (hv < HK) & (dv < 2 * HALF)
+            val = tl.load(v_ptr + t * v_stride_t + hv * v_stride_h + dv, mask=mv)
+            tl.store(vc_ptr + slot * (HK * 2 * HALF) + hv * (2 * HALF) + dv, val, mask=mv)
+        else:
+            _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, t, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
 
 except ImportError:  # pragma: no cover
     triton = None
@@ -71,6 +88,26 @@ def apply_rope_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, co
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
+def _rope_ok(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, qk_norm) -> bool:
+    ok = use_triton(q) and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1 and k.stride(-1) == 1
+    ok = ok and q.shape[-1] % 2 == 0 and cos_cache.stride(-1) == 1 and sin_cache.stride() == cos_cache.stride()
+    return ok and (qk_norm is None or (qk_norm[0].dtype == q.dtype and qk_norm[0].is_contiguous() and qk_norm[1].is_contiguous()))
+
+
+def _launch(positions, q, k, q_out, k_out, cos_cache, sin_cache, qk_norm, store=None) -> None:
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    qw, kw, eps = qk_norm if qk_norm is not None else (q, k, 0.0)  # weights unused without the norm
+    v, v_cache, loc = store if store is not None else (k, k_out, positions)  # unused without the store
+    _rope_kernel[(t,)](
+        q, k, q_out, k_out, positions, cos_cache, sin_cache, qw, kw,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_cache.stride(0), eps,
+        v, v_cache, loc, v.stride(0), v.stride(1),
+        HQ=hq, HK=hk, HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_D=next_pow2(d // 2), NORM=qk_norm is not None,
+        STORE=store is not None, BLOCK_V=next_pow2(d),
+    )
+
+
 def apply_rope(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -83,23 +120,44 @@ def apply_rope(
 
     `qk_norm = (q_weight, k_weight, eps)` first RMS-normalises every head (Qwen3's qk-norm) in
     the same launch, so a layer spends one kernel on what took four."""
-    ok = use_triton(q) and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1 and k.stride(-1) == 1
-    ok = ok and q.shape[-1] % 2 == 0 and cos_cache.stride(-1) == 1 and sin_cache.stride() == cos_cache.stride()
-    ok = ok and (qk_norm is None or (qk_norm[0].dtype == q.dtype and qk_norm[0].is_contiguous() and qk_norm[1].is_contiguous()))
-    if not ok:
+    if not _rope_ok(positions, q, k, cos_cache, sin_cache, qk_norm):
         if qk_norm is not None:
             q, k = rmsnorm_ref(q, qk_norm[0], qk_norm[2]), rmsnorm_ref(k, qk_norm[1], qk_norm[2])
         return apply_rope_ref(positions, q, k, cos_cache, sin_cache)
     t, hq, d = q.shape
-    hk = k.shape[1]
     q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(t, hk, d, dtype=k.dtype, device=k.device)
-    if t == 0:
-        return q_out, k_out
-    qw, kw, eps = qk_norm if qk_norm is not None else (q, k, 0.0)  # weights unused without the norm
-    _rope_kernel[(t,)](
-        q, k, q_out, k_out, positions, cos_cache, sin_cache, qw, kw,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_cache.stride(0), eps,
-        HQ=hq, HK=hk, HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_D=next_pow2(d // 2), NORM=qk_norm is not None,
-    )
+    k_out = torch.empty(t, k.shape[1], d, dtype=k.dtype, device=k.device)
+    if t > 0:
+        _launch(positions, q, k, q_out, k_out, cos_cache, sin_cache, qk_norm)
     return q_out, k_out
+
+
+def apply_rope_and_store_ref(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None,
+) -> torch.Tensor:
+    if qk_norm is not None:
+        q, k = rmsnorm_ref(q, qk_norm[0], qk_norm[2]), rmsnorm_ref(k, qk_norm[1], qk_norm[2])
+    q, k = apply_rope_ref(positions, q, k, cos_cache, sin_cache)
+    store_kv_ref(k, v, k_cache, v_cache, out_loc)
+    return q
+
+
+def apply_rope_and_store(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None,
+) -> torch.Tensor:
+    """`apply_rope`, then the rotated k and v written to slots `out_loc` of the caches
+    (`[slots, kv_heads, head_dim]`, as `store_kv` writes them); returns the rotated q. On the
+    GPU one launch does it all, and the rotated k is never written anywhere but the pool."""
+    ok = _rope_ok(positions, q, k, cos_cache, sin_cache, qk_norm) and k_cache.is_contiguous() and v_cache.is_contiguous()
+    ok = ok and v.dim() == 3 and v.stride(-1) == 1 and v.shape == k.shape and k_cache.shape[1:] == k.shape[1:] and v_cache.shape == k_cache.shape
+    ok = ok and k_cache.dtype == v_cache.dtype == k.dtype == v.dtype
+    if not ok:
+        q, k = apply_rope(positions, q, k, cos_cache, sin_cache, qk_norm)
+        store_kv(k, v, k_cache, v_cache, out_loc)
+        return q
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.shape[0] > 0:
+        _launch(positions, q, k, q_out, k_cache, cos_cache, sin_cache, qk_norm, (v, v_cache, out_loc))
+    return q_out

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from minisgl.env import ENV
 
 try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs usually lack it
     import triton  # noqa: F401
@@ -21,9 +21,9 @@ def triton_available() -> bool:
 def use_triton(t: torch.Tensor) -> bool:
     """Triton for CUDA tensors; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1),
     which is how the kernels can be checked on a machine without a GPU."""
-    if not _HAS_TRITON or os.environ.get("MINISGL_DISABLE_KERNELS") == "1":
+    if not _HAS_TRITON or ENV.disable_kernels:
         return False
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda or ENV.triton_interpret
 
 
 def next_pow2(n: int) -> int:

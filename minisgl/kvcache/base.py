@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-
-@dataclass
-class BaseCacheHandle:
-    """A cache's receipt for a matched prefix: `cached_len` tokens whose slots the cache owns."""
-
-    cached_len: int
+from minisgl.core import BaseCacheHandle  # declared with the request that holds it
 
 
 class MatchResult(NamedTuple):

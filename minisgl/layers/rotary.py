@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from minisgl.kernel import apply_rope
+from minisgl.kernel import apply_rope, apply_rope_and_store, store_kv
 
 from .base import BaseOP
-
-if TYPE_CHECKING:
-    from .norm import RMSNorm
+from .norm import RMSNorm
 
 
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -77,7 +75,7 @@ class RotaryEmbedding(BaseOP):
         a, b = x.chunk(2, dim=-1)
         return torch.cat([-b, a], dim=-1)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple["RMSNorm", "RMSNorm"]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]. `qk_norm`: the
         (q_norm, k_norm) pair of a model that normalises each head first (Qwen3)."""
         if q.is_cuda:  # norms and rotation in one fused kernel (minisgl.kernel)
@@ -88,3 +86,16 @@ class RotaryEmbedding(BaseOP):
         cos = self._cos[positions].unsqueeze(1).to(q.dtype)
         sin = self._sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+
+    def forward_and_store(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+        qk_norm: Optional[Tuple["RMSNorm", "RMSNorm"]] = None,
+    ) -> torch.Tensor:
+        """`forward`, then the rotated k and v written to slots `out_loc` of the caches; returns
+        the rotated q. On CUDA one kernel does the norms, the rotation and the store."""
+        if q.is_cuda:
+            norm = None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
+            return apply_rope_and_store(positions, q, k, v, self._cos, self._sin, k_cache, v_cache, out_loc, norm)
+        q, k = self.forward(positions, q, k, qk_norm)
+        store_kv(k, v, k_cache, v_cache, out_loc)
+        return q

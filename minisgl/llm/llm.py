@@ -3,17 +3,16 @@ instead of a socket and results collected in memory; the main loop is reused unc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from minisgl.core import InvalidRequestError, Req, SamplingParams
-from minisgl.engine import EngineConfig
 from minisgl.scheduler import Scheduler, SchedulerConfig
-
-from .tp import TensorParallelMixin
+from minisgl.scheduler.tp import TensorParallelMixin
+from minisgl.utils.misc import build_config
 
 Prompt = Union[str, Sequence[int]]
 
@@ -42,12 +41,14 @@ class LLM(TensorParallelMixin, Scheduler):
     `llm.shutdown()` to stop them (they also stop when this object is collected or at exit).
     """
 
-    def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None, **engine_kwargs):
-        if config is None:
-            engine = EngineConfig(**({"model_path": str(model_path)} if model_path else {}), **engine_kwargs)
-            config = SchedulerConfig(engine=engine)
-        elif model_path is not None or engine_kwargs:
-            config = replace(config, engine=replace(config.engine, **({"model_path": str(model_path)} if model_path else {}), **engine_kwargs))
+    def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None, **options: Any):
+        """`options` are `EngineConfig` and `SchedulerConfig` fields by name (`page_size=4`,
+        `schedule_policy="lpm"`, `dtype=torch.bfloat16`; upstream spellings such as
+        `max_running_req` too); they override `config` when one is given. An unknown name raises
+        `UnknownOptionError` (a TypeError) that lists the close matches."""
+        if model_path is not None:
+            options["model_path"] = str(model_path)
+        config = build_config(SchedulerConfig, options, base=config)
         super().__init__(config)
         from transformers import AutoTokenizer
 

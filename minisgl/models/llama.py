@@ -39,9 +39,15 @@ class Attention(BaseOP):
         q = q.view(-1, p.num_q_heads, d)  # [tokens, heads, head_dim]
         k = k.view(-1, p.num_kv_heads, d)
         v = v.view(-1, p.num_kv_heads, d)
-        q, k = self._rotary(ctx.batch.positions, q, k, (self.q_norm, self.k_norm) if self._qk_norm else None)
+        norm = (self.q_norm, self.k_norm) if self._qk_norm else None
         # v stays a strided view of the projection: the KV store reads it in place
-        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        dest = ctx.attn_backend.kv_destination(self.layer_id)
+        if dest is None:
+            q, k = self._rotary(ctx.batch.positions, q, k, norm)
+            o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        else:  # the backend lets RoPE write k and v into the pool: one kernel for both
+            q = self._rotary.forward_and_store(ctx.batch.positions, q, k, v, *dest, ctx.batch.out_loc, norm)
+            o = ctx.attn_backend.forward(q, None, None, self.layer_id, ctx.batch)
         return self.o_proj(o.reshape(len(x), -1))
 
 

@@ -8,12 +8,14 @@ import torch
 
 from .config import ModelConfig
 from .llama import CausalLM, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeForCausalLM
 
 _REGISTRY: Dict[str, Callable[..., CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 
@@ -32,12 +34,3 @@ def create_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> 
             f"architecture {cfg.architecture!r} is not supported; supported: {', '.join(supported_architectures())}"
         )
     return factory(cfg, dtype, device)
-
-
-def _register_builtin_moe() -> None:
-    from .qwen3_moe import Qwen3MoeForCausalLM
-
-    register_model("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM)
-
-
-_register_builtin_moe()

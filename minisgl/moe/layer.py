@@ -57,7 +57,7 @@ class FusedMoE(BaseOP):
         """x `[tokens, hidden]`, routing `[tokens, top_k]` -> `[tokens, hidden]` (all-reduced)."""
         backend = backend or self._backend
         if backend == "triton" and x.is_cuda:
-            from .triton_moe import fused_moe
+            from .triton_moe import fused_moe  # imports Triton, which only this path needs
 
             out = fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
         else:

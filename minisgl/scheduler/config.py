@@ -17,22 +17,35 @@ def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
         raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs prefix_cache='radix'")
 
 
+PREFIX_CACHES = ("radix", "naive")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """what runs when: batching, the prefix cache, chunked prefill, overlap"""
+
     engine: EngineConfig = field(default_factory=EngineConfig)
-    prefix_cache: str = "radix"  # "radix" | "naive"
-    # prefill token budget per step; longer prompts are chunked. None: suited to the device, so
-    # that one long prompt never makes a step of many seconds (resolved in __post_init__)
-    max_extend_tokens: Optional[int] = None
-    schedule_policy: str = "fcfs"  # "fcfs" | "lpm": order waiting requests by arrival or by cached prefix
-    overlap: bool = not ENV.disable_overlap  # plan step N+1 while step N runs
-    check_integrity: bool = ENV.check_integrity  # check every table row and page after each step
+    prefix_cache: str = field(default="radix", metadata={
+        "choices": PREFIX_CACHES, "aliases": ("cache_type",), "help": "radix reuses shared prompt prefixes; naive reuses nothing"})
+    # None is resolved in __post_init__, to a budget suited to the device, so that one long
+    # prompt never makes a step of many seconds
+    max_extend_tokens: Optional[int] = field(default=None, metadata={
+        "help": "prefill token budget per step; longer prompts are chunked; default: 8192 on a GPU, 256 on the CPU"})
+    schedule_policy: str = field(default="fcfs", metadata={
+        "choices": tuple(SCHEDULE_POLICIES),
+        "help": "order waiting requests by arrival (fcfs) or longest cached prefix first (lpm, needs the radix cache)"})
+    # the one place MINISGL_DISABLE_OVERLAP decides anything: every front end builds this class,
+    # and one that names `overlap` (a flag, a keyword) overrides the environment
+    overlap: bool = field(default_factory=lambda: not ENV.disable_overlap, metadata={
+        "help": "plan step N+1 while step N runs; default: on, unless MINISGL_DISABLE_OVERLAP=1"})
+    check_integrity: bool = field(default_factory=lambda: ENV.check_integrity, metadata={
+        "help": "check every table row and KV page after each step (slow); default: off, unless MINISGL_CHECK_INTEGRITY=1"})
 
     def __post_init__(self) -> None:
         if self.max_extend_tokens is None:
             object.__setattr__(self, "max_extend_tokens", default_extend_budget(self.engine.torch_device.type))
-        if self.prefix_cache not in ("radix", "naive"):
-            raise ValueError(f"prefix_cache must be 'radix' or 'naive', got {self.prefix_cache!r}")
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHES)}; got {self.prefix_cache!r}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")

@@ -12,7 +12,6 @@ import os
 from typing import Any, List, Optional
 
 from minisgl.core import Batch, InvalidRequestError, Req
-from minisgl.llm.tp import TensorParallelMixin
 from minisgl.message import (
     AbortMsg,
     BatchMsg,
@@ -27,6 +26,7 @@ from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .config import SchedulerConfig
 from .scheduler import Scheduler
+from .tp import TensorParallelMixin
 
 
 class SchedulerIO(TensorParallelMixin, Scheduler):

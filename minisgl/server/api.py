@@ -131,7 +131,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     frontend = FrontendManager(backend.addrs) if backend is not None else None
     lifecycle = Lifecycle()
     metrics = Metrics()
-    names = {args.model_name, args.model}
+    names = {args.model_name, args.engine.model_path}
     created = int(time.time())
 
     async def watchdog() -> None:
@@ -155,7 +155,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     app = FastAPI(title="minisgl", lifespan=lifespan)
     app.state.lifecycle, app.state.frontend, app.state.metrics = lifecycle, frontend, metrics
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=args.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=args.server.max_request_bytes)
 
     @app.middleware("http")
     async def count(request: Request, call_next: Callable) -> Response:
@@ -211,7 +211,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
         wait = lambda aw: until_done_or_gone(request, aw)  # noqa: E731
         choices: List[Choice] = []
         try:
-            if body.n > 1 and args.prefix_cache == "radix":
+            if body.n > 1 and args.scheduler.prefix_cache == "radix":
                 await gather_or_cancel([warm_up(p, chat, wait) for p in prompts])
             for i, prompt in enumerate(prompts):
                 for j, p in enumerate(params):

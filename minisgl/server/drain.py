@@ -1,4 +1,5 @@
-"""A graceful stop: uvicorn's server with a drain before its shutdown.
+"""Serving HTTP until told to stop (`serve`), and a graceful stop: uvicorn's server with a drain
+before its shutdown.
 
 On the first SIGTERM (or Ctrl-C) the server stops accepting connections and answers new requests
 on open ones with a 503; requests already running get `drain_s` seconds to finish; whatever is
@@ -9,12 +10,16 @@ then does uvicorn shut down. A second Ctrl-C quits at once.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from typing import Any
 
 import uvicorn
 
+from .api import create_app
+from .args import ServerArgs
 from .frontend import FrontendManager, Lifecycle
+from .launch import Backend
 
 
 class DrainingServer(uvicorn.Server):
@@ -45,3 +50,37 @@ class DrainingServer(uvicorn.Server):
         if self.frontend.fail_all(503, f"the server shut down before this request finished (drain time {self.drain_s:g} s)"):
             await asyncio.sleep(0.5)  # the handlers answer their clients
         self.should_exit = True
+
+
+def serve(args: ServerArgs) -> None:
+    """Run the HTTP server until Ctrl-C or SIGTERM (exit status 0, after draining), or until a
+    process of the engine dies (exit status 1)."""
+    with Backend(args) as backend:
+        app = create_app(args, backend)
+        config = uvicorn.Config(app, host=args.server.host, port=args.server.port, log_level=args.server.log_level, timeout_graceful_shutdown=3)
+        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.server.drain_timeout_s)
+        app.state.lifecycle.stop_serving = server.stop_now
+        print(f"minisgl: serving {args.model_name} on http://{args.server.host}:{args.server.port} (device {backend.info['device']})", flush=True)
+        # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
+        # handlers it found installed; these turn that into a normal return, so `Backend` stops
+        # the other processes and we exit with status 0
+        previous = signal.signal(signal.SIGTERM, _raise_shutdown)
+        try:
+            server.run()
+        except (KeyboardInterrupt, _Shutdown):
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    dead = app.state.lifecycle.dead
+    if dead:
+        print(f"minisgl: the engine is gone ({dead}); exiting", flush=True)
+        raise SystemExit(1)
+    print("minisgl: stopped", flush=True)
+
+
+class _Shutdown(Exception):
+    pass
+
+
+def _raise_shutdown(signum: int, frame: Any) -> None:
+    raise _Shutdown()

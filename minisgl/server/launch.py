@@ -63,13 +63,13 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     _child_setup()
     _name_process("minisgl-sched")
     try:
-        from minisgl.scheduler.io import SchedulerIO
+        from minisgl.scheduler.io import SchedulerIO  # here: the API process has no use for the engine
 
-        sched = SchedulerIO(args.scheduler_config(), addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
+        sched = SchedulerIO(args.scheduler, addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
     except Exception as e:  # reported to the parent, which prints it and exits
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise
-    device = str(sched.device) + (f", tensor parallel over {args.tp_size} ranks" if args.tp_size > 1 else "")
+    device = str(sched.device) + (f", tensor parallel over {args.engine.tp_size} ranks" if args.engine.tp_size > 1 else "")
     ready.send(("ok", {"max_seq_len": sched.max_seq_len, "num_pages": sched.cache.num_pages, "device": device}))
     sched.run_forever(parent_pid)
 
@@ -78,7 +78,7 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_
     _child_setup()
     _name_process("minisgl-token")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # here too: only the worker tokenizes
 
         from minisgl.tokenizer.worker import TokenizerWorker
         from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
@@ -114,7 +114,7 @@ class Backend:
         parent, child = ctx.Pipe(duplex=False)
         # a scheduler leading tensor-parallel ranks starts processes of its own, which a daemonic
         # process may not; it still dies with us (see _child_setup)
-        daemon = not (name == "scheduler" and self.args.tp_size > 1)
+        daemon = not (name == "scheduler" and self.args.engine.tp_size > 1)
         proc = ctx.Process(target=target, args=(*args, child), name=f"minisgl-{name}", daemon=daemon)
         proc.start()
         self.procs.append(proc)
@@ -157,42 +157,3 @@ class Backend:
                 p.join(5)
         self.procs = []
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def serve(args: ServerArgs) -> None:
-    """Run the HTTP server until Ctrl-C or SIGTERM (exit status 0, after draining), or until a
-    process of the engine dies (exit status 1)."""
-    import uvicorn
-
-    from .api import create_app
-    from .drain import DrainingServer
-
-    with Backend(args) as backend:
-        app = create_app(args, backend)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
-        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.drain_timeout_s)
-        app.state.lifecycle.stop_serving = server.stop_now
-        print(f"minisgl: serving {args.model_name} on http://{args.host}:{args.port} (device {backend.info['device']})", flush=True)
-        # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
-        # handlers it found installed; these turn that into a normal return, so `Backend` stops
-        # the other processes and we exit with status 0
-        previous = signal.signal(signal.SIGTERM, _raise_shutdown)
-        try:
-            server.run()
-        except (KeyboardInterrupt, _Shutdown):
-            pass
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    dead = app.state.lifecycle.dead
-    if dead:
-        print(f"minisgl: the engine is gone ({dead}); exiting", flush=True)
-        raise SystemExit(1)
-    print("minisgl: stopped", flush=True)
-
-
-class _Shutdown(Exception):
-    pass
-
-
-def _raise_shutdown(signum: int, frame: Any) -> None:
-    raise _Shutdown()

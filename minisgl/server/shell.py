@@ -49,7 +49,7 @@ class ShellClient:
 
 
 def run_shell(args: ServerArgs, temperature: float = 0.0) -> None:
-    limit = args.shell_max_tokens
+    limit = args.server.shell_max_tokens
     params = SamplingParams(max_tokens=limit or 1, temperature=temperature)  # 1: replaced by the room left
     with Backend(args) as backend:
         client = ShellClient(backend)

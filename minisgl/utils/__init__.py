@@ -1,3 +1,3 @@
-from .misc import align_down, align_up, div_ceil, default_device, default_model_path, package_has
+from .misc import UnknownOptionError, align_down, align_up, div_ceil, default_device, package_has
 
-__all__ = ["align_down", "align_up", "div_ceil", "default_device", "default_model_path", "package_has"]
+__all__ = ["UnknownOptionError", "align_down", "align_up", "div_ceil", "default_device", "package_has"]

@@ -1,5 +1,6 @@
 import logging
-import os
+
+from minisgl.env import ENV
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -9,5 +10,5 @@ def get_logger(name: str) -> logging.Logger:
         handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(levelname)s %(message)s"))
         root = logging.getLogger("minisgl")
         root.addHandler(handler)
-        root.setLevel(os.environ.get("MINISGL_LOG_LEVEL", "WARNING").upper())
+        root.setLevel(ENV.log_level.upper())
     return logger

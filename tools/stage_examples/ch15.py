@@ -2,11 +2,12 @@
 
 from minisgl.server.args import ServerArgs, parse_args
 
-args = parse_args(["--model", "models/tiny-llama", "--port", "3000"])
-cfg = args.scheduler_config()
-assert args.port == 3000 and cfg.engine.model_path == "models/tiny-llama" and args.model_name == "tiny-llama"
+args = parse_args(["--model", "models/tiny-llama", "--port", "3000", "--page-size", "4"])
+cfg = args.scheduler
+assert args.server.port == 3000 and cfg.engine.model_path == "models/tiny-llama" and cfg.engine.page_size == 4
+assert args.model_name == "tiny-llama"
 try:
-    ServerArgs(model="models/tiny-llama", port=0)
+    ServerArgs.from_options(model_path="models/tiny-llama", port=0)
 except ValueError as e:
     print("refused:", e)
 else:

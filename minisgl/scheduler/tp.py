@@ -30,7 +30,9 @@ from minisgl.distributed.group import destroy_tp_group, host_store, init_tp_grou
 from minisgl.distributed.launch import RankFailedError, RankProcesses, rank_device, recv_msg, report_error, send_msg
 from minisgl.distributed.split import check_tp_split
 from minisgl.models import ModelConfig
-from minisgl.scheduler import ForwardResult, Scheduler, SchedulerConfig
+
+from .config import SchedulerConfig
+from .scheduler import ForwardResult, Scheduler
 
 READY_TIMEOUT_S = 600.0  # building a large model on a slow disk can take minutes
 
