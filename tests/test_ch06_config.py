@@ -82,8 +82,12 @@ def _minisgl_setting_reads(tree: ast.AST) -> List[ast.AST]:
 
 
 def _sources(*patterns: str) -> List[Path]:
-    skip = (".venv", ".stages", "models", "work", "node_modules")
-    return sorted(p for pat in patterns for p in REPO.glob(pat) if not any(part in skip for part in p.relative_to(REPO).parts))
+    """The checkout's own Python files: not hidden folders (the virtual environment, staged
+    packages, copies of the tree), not models/ or a learner's work/."""
+    def ours(p: Path) -> bool:
+        parts = p.relative_to(REPO).parts
+        return not any(part in ("models", "work") or part.startswith(".") and part != ".jupyter" for part in parts[:-1])
+    return sorted({p for pat in patterns for p in REPO.glob(pat) if ours(p)})
 
 
 def test_the_engine_reads_the_environment_only_in_env_py():
