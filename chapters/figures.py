@@ -48,7 +48,8 @@ def kept_distribution(logits, temperature: float, top_k: int, top_p: float):
     keep = torch.ones_like(sorted_p, dtype=torch.bool)
     if top_k > 0:
         keep[top_k:] = False
-    keep &= (sorted_p.cumsum(0) - sorted_p) <= top_p
+    # top-p measures mass on what top-k kept (the renormalised distribution), as the engine does
+    keep &= (sorted_p.cumsum(0) - sorted_p) <= top_p * sorted_p[keep].sum()
     kept = torch.zeros_like(probs).scatter_(0, order, sorted_p * keep)
     return probs, kept / kept.sum()
 
@@ -439,14 +440,14 @@ def run_mixed(sched, short_prompts, long_prompt, short_tokens: int, long_tokens:
     return log
 
 
-def interleave_decode(sched):
-    """A policy variant for experiments: between two chunks of a long prompt, give the running
-    requests one decode step. Installed on this one scheduler instance; returns an undo."""
+def prefill_first(sched):
+    """A policy variant for experiments: prefill whenever there is a prompt to compute, even
+    between two chunks of a long prompt (the engine gives the running requests a decode step
+    there instead). Installed on this one scheduler instance; returns an undo."""
     plain = sched.schedule_next_batch
 
     def schedule_next_batch():
-        if sched.prefill.chunked is not None and sched.decode.running and sched.trace[-1].phase == "prefill":
-            return sched.decode.schedule_next_batch()
+        sched._decode_turn = False  # forget the engine's "decode next" after a chunk
         return plain()
 
     sched.schedule_next_batch = schedule_next_batch

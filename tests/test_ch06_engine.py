@@ -10,6 +10,8 @@ which other requests share the batch.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -162,6 +164,42 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     kept = p.clone()
     kept[2:] = 0
     assert _chi_square(counts, kept / kept.sum()) < CHI2_DF1
+
+
+def _kept_by_sampler(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, monkeypatch) -> torch.Tensor:
+    """Which tokens the sampler can draw, exactly: row j of the batch gets a uniform draw near 1
+    at token j alone (so its race term is huge there), which wins iff token j kept some mass."""
+    from minisgl.engine import sample as sample_mod
+
+    v = logits.shape[-1]
+    u = torch.full((v, v), math.exp(-1.0))
+    u.fill_diagonal_(1.0 - 2.0**-24)
+    monkeypatch.setattr(sample_mod, "hashed_uniform", lambda seeds, steps, vocab: u)
+    args = _args(v, temperature=temperature, top_k=top_k, top_p=top_p)
+    args.use_top_k, args.use_top_p = top_k < v, top_p < 1.0
+    tokens = Sampler(v).sample(logits.expand(v, v).clone(), args)
+    return tokens.long() == torch.arange(v)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 0.5), (10, 0.3), (3, 0.6), (40, 0.6), (64, 0.8), (20, 1.0), (1, 0.5)])
+def test_top_k_then_top_p_keeps_what_transformers_warpers_keep(top_k, top_p, monkeypatch):
+    """transformers applies TopKLogitsWarper, then TopPLogitsWarper to the renormalised rest."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    gen = torch.Generator().manual_seed(top_k * 100 + int(top_p * 10))
+    renormalisation_mattered = False
+    for trial in range(6):
+        logits = torch.randn(64, generator=gen) * 1.5
+        temperature = [1.0, 0.7, 1.3][trial % 3]
+        x = TemperatureLogitsWarper(temperature)(None, logits[None].clone())
+        x = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(top_k)(None, x)) if top_p < 1.0 else TopKLogitsWarper(top_k)(None, x)
+        want = torch.isfinite(x[0])
+        assert torch.equal(_kept_by_sampler(logits, temperature, top_k, top_p, monkeypatch), want)
+        # top-p over the whole distribution instead would keep more here
+        sorted_p = torch.softmax(logits / temperature, -1).sort(descending=True).values
+        unrenormalised = int(((sorted_p.cumsum(-1) - sorted_p) <= top_p).sum().clamp(max=top_k))
+        renormalisation_mattered |= unrenormalised != int(want.sum())
+    assert renormalisation_mattered or top_p == 1.0 or top_k in (1, 64)
 
 
 @pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-7)], ids=["top_k=1", "top_p~0", "T~0"])

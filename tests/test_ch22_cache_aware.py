@@ -122,6 +122,37 @@ def test_lpm_stops_at_the_first_refusal_in_its_order():
     assert [p.uid for p in pm.pending] == [0, 1] and cache.prefix_cache.protected_size == 0
 
 
+def test_lpm_matches_no_prompt_while_no_row_is_free():
+    """Ordering the queue means a radix walk per waiting request; with every row taken nothing
+    can be admitted, so no walk is made, and the order once a row frees is the same as without
+    the wait."""
+    shared = list(range(10, 30))
+    queue = [_pending(0, [5, 6, 7]), _pending(1, shared + [1]), _pending(2, shared[:10] + [2])]
+
+    def manager():
+        table, cache = _managers(rows=2, num_pages=256)
+        _store(cache, shared)
+        pm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
+        for p in queue:
+            pm.add(p)
+        return pm
+
+    waited, fresh = manager(), manager()
+    rows = [waited.table.allocate() for _ in range(2)]
+    walks = []
+    match = waited.cache.match
+    waited.cache.match = lambda ids: walks.append(len(ids)) or match(ids)
+    for _ in range(3):
+        assert waited.schedule_next_batch(0) is None
+    assert walks == [] and [p.uid for p in waited.pending] == [0, 1, 2]
+    for r in rows:
+        waited.table.free(r)
+    got = waited.schedule_next_batch(0)
+    want = fresh.schedule_next_batch(0)
+    assert [(r.uid, r.cached_len) for r in got.reqs] == [(r.uid, r.cached_len) for r in want.reqs] == [(1, 20), (2, 10)]
+    assert [p.uid for p in waited.pending] == [p.uid for p in fresh.pending] == [0]
+
+
 def _config(model, policy: str, **engine) -> SchedulerConfig:
     return SchedulerConfig(engine=EngineConfig(model_path=str(model), **small_engine_kwargs(**engine)),
                            schedule_policy=policy, overlap=False, check_integrity=True)

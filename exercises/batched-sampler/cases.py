@@ -49,7 +49,8 @@ def temperature(obs: Obs) -> None:
 @case("top-k and top-p", hint=3)
 def topk_topp(obs: Obs) -> None:
     _sample(obs, [SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=1.0, top_p=0.3), SamplingParams(temperature=0.9, top_k=20, top_p=0.5),
-                  SamplingParams(temperature=1.0, top_p=0.0001)], 2, steps=4)
+                  SamplingParams(temperature=1.0, top_p=0.0001), SamplingParams(temperature=1.0, top_k=3, top_p=0.6),
+                  SamplingParams(temperature=1.2, top_k=8, top_p=0.5)], 2, steps=4)
 
 
 @case("random batches of settings", seeds=4, hint=3)

@@ -86,16 +86,19 @@ def _run(obs: Obs, schedule_policy: str, prompts: Sequence[Sequence[int]], max_t
     pm = PrefillManager(table, cache, budget, schedule_policy=schedule_policy)
     arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
     live, computed, tag = [], 0, f"{schedule_policy}, "
+    decode_turn = False  # as the Scheduler: a step that leaves a prompt half done is followed by a decode step
     for step in range(max_steps):
         harness.arrive(pm, step, prompts, arrivals, max_tokens)
-        batch = pm.schedule_next_batch(sum(cache.pages_to_finish(r) for r in live))
+        decoding = [r for r in live if r is not pm.chunked]
+        batch = None if decode_turn and decoding else pm.schedule_next_batch(sum(cache.pages_to_finish(r) for r in live))
+        decode_turn = False
         if batch is None:
-            if not live:
+            if not decoding:
                 if not pm.pending and step >= max(arrivals):
                     break
                 obs.eq(f"{tag}step {step}: nothing to run", True)
                 continue
-            reqs = list(live)
+            reqs = decoding
             obs.eq(f"{tag}step {step}: decode uids", [r.uid for r in reqs])
         else:
             reqs = batch.reqs
@@ -103,6 +106,7 @@ def _run(obs: Obs, schedule_policy: str, prompts: Sequence[Sequence[int]], max_t
             obs.eq(f"{tag}step {step}: still waiting (uids in queue order)", [p.uid for p in pm.pending])
             computed += sum(r.extend_len for r in reqs)
             live += [r for r in reqs if r not in live]
+            decode_turn = pm.chunked is not None
         cache.allocate(reqs)
         for r in reqs:
             # as the scheduler does, ask before the step is launched: complete_one moves a chunk's

@@ -26,13 +26,15 @@ def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> 
 
 class PrefillManager(EnginePrefillManager):
     def admission_order(self) -> List[PendingReq]:
-        """The waiting requests in the order this step offers them: `self.pending` as it is for
-        "fcfs", `longest_prefix_first` for "lpm" (`self.schedule_policy`)."""
+        """The waiting requests in the order this step offers them: none when no table row is
+        free, `self.pending` as it is for "fcfs", `longest_prefix_first` for "lpm"
+        (`self.schedule_policy`)."""
         raise NotImplementedError("cache-aware: write PrefillManager.admission_order")
 
     def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
-        """One prefill batch, or None. A half-done prompt (`self.chunked`) continues first; then
-        requests are offered in `admission_order()` and admission stops at the first refusal.
-        Admitted requests leave `self.pending`; the others stay in arrival order. The last request
-        is remembered in `self.chunked` if its prompt was cut."""
+        """One prefill batch, or None. A half-done prompt (`self.chunked`) continues first,
+        leaving `newcomer_share` of the budget; then requests are offered in `admission_order()`
+        (whole only beside a chunk) and admission stops at the first refusal. Admitted requests
+        leave `self.pending`; the others stay in arrival order. The request still cut, if any, is
+        remembered in `self.chunked`."""
         raise NotImplementedError("cache-aware: write PrefillManager.schedule_next_batch")

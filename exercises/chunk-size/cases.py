@@ -8,9 +8,12 @@ from minisgl.core import SamplingParams
 from minisgl.scheduler.prefill import PrefillManager
 
 
-def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 256, arrivals=None, max_steps: int = 60) -> None:
-    """Prefill-only scheduling without a model: every batch is allocated and launched at once."""
+def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 256, arrivals=None, max_steps: int = 60, warm=()) -> None:
+    """Prefill-only scheduling without a model: every batch is allocated and launched at once.
+    `warm`: token sequences put in the prefix cache first."""
     table, cache = harness.managers(rows=rows, num_pages=num_pages, max_seq_len=256)
+    for ids in warm:
+        harness.cache_prefix(cache, ids)
     pm = PrefillManager(table, cache, budget)
     arrivals = arrivals or [0] * len(prompts)
     live = []
@@ -47,6 +50,13 @@ def one_long(obs: Obs) -> None:
 @case("a long prompt, then short ones arriving while it is chunked", hint=3)
 def mixed(obs: Obs) -> None:
     _schedule(obs, 10, [list(range(10, 35)), [5, 6, 7], list(range(40, 52))], arrivals=[0, 1, 1])
+
+
+@case("beside a chunk, a newcomer with a cached prefix leaves budget over, but the next one still waits", hint=3)
+def share_with_hit(obs: Obs) -> None:
+    # budget 10: the half-done prompt leaves 5 for [5..9], whose first 4 tokens are cached; the
+    # 4 tokens left over must not start a second chunk of the 12-token prompt behind it
+    _schedule(obs, 10, [list(range(10, 35)), [5, 6, 7, 8, 9], list(range(40, 52))], arrivals=[0, 1, 1], warm=[[5, 6, 7, 8]])
 
 
 @case("random prompts, budgets and arrivals", seeds=4, hint=3)

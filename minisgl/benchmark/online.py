@@ -8,6 +8,11 @@ sent as `/v1/completions` with token ids, so no tokenizer runs on the client.
     python -m minisgl --model models/tiny-llama --port 1919 &        # a server
     python -m minisgl.benchmark.online --url http://127.0.0.1:1919 --num-requests 32 --concurrency 8 \\
         --input-len 16 64 --output-len 8 32                           # seconds on a CPU
+
+`--stall-probe N` measures instead what one long prompt costs a short request: it sends an
+N-token prompt, and while that is being prefilled a chat whose answer is 2 tokens; it prints the
+chat's TTFT and end-to-end time next to the long prompt's TTFT (chapter 10's scheduling rule is
+what keeps the first two small).
 """
 
 from __future__ import annotations
@@ -68,26 +73,28 @@ def percentiles(values_s: Sequence[float]) -> Dict[str, float]:
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: List[int], max_tokens: int) -> RequestTiming:
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: List[int] | str, max_tokens: int) -> RequestTiming:
+    """One streamed request: a completion of token ids, or (a str prompt) a one-turn chat."""
+    chat = isinstance(prompt, str)
     body = {
         "model": model,
-        "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}),
     }
     start = time.perf_counter()
     ttft, tokens = None, 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+    async with client.stream("POST", url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"server answered {resp.status_code}: {(await resp.aread()).decode()}")
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
+            if ttft is None and chunk["choices"] and (chunk["choices"][0]["delta"].get("content") if chat else chunk["choices"][0]["text"]):
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
@@ -124,6 +131,22 @@ async def run(url: str, prompts: List[List[int]], max_tokens: List[int], concurr
     )
 
 
+async def stall_probe(url: str, long_len: int, delay_s: float, seed: int, model: Optional[str] = None) -> Dict[str, float]:
+    """A chat with a 2-token answer, sent `delay_s` after a `long_len`-token prompt (whose prefill
+    it lands in): its TTFT and E2E, and the long prompt's TTFT, in milliseconds."""
+    long_prompt = np.random.default_rng(seed).integers(100, 10000, long_len).tolist()
+    async with httpx.AsyncClient(timeout=None) as client:
+        if model is None:
+            model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        await one_request(client, url, model, long_prompt[:8], 2)  # warm-up: connection, first step
+        await one_request(client, url, model, "Hi!", 2)
+        long = asyncio.ensure_future(one_request(client, url, model, long_prompt, 1))
+        await asyncio.sleep(delay_s)
+        short = await one_request(client, url, model, "Hi!", 2)
+        long_t = await long
+    return {"long_prompt_tokens": long_len, "long_ttft_ms": long_t.ttft_s * 1e3, "chat_ttft_ms": short.ttft_s * 1e3, "chat_e2e_ms": short.e2e_s * 1e3}
+
+
 def write_placeholder_tokenizer(folder: str, vocab_size: int) -> None:
     """A tokenizer where token i reads "<i>", for speed runs with random weights whose vocabulary
     no available tokenizer covers (ids past a real tokenizer's vocabulary decode to nothing, so the
@@ -150,7 +173,14 @@ def main(argv: Optional[List[str]] = None) -> Optional[OnlineReport]:
     p.add_argument("--json-out", default=None, help="also write the report as JSON to this file")
     p.add_argument("--write-placeholder-tokenizer", nargs=2, metavar=("DIR", "VOCAB_SIZE"), default=None,
                    help="only write a tokenizer whose token i reads '<i>' to DIR (for a server with --dummy-weights), then exit")
+    p.add_argument("--stall-probe", type=int, default=None, metavar="N",
+                   help="instead of the workload: a chat with a 2-token answer sent while an N-token prompt is prefilled; print its TTFT")
+    p.add_argument("--probe-delay", type=float, default=0.5, help="seconds between the long prompt and the chat, with --stall-probe")
     a = p.parse_args(argv)
+    if a.stall_probe is not None:
+        figures = asyncio.run(stall_probe(a.url.rstrip("/"), a.stall_probe, a.probe_delay, a.seed, a.model))
+        print("  ".join(f"{k} {v:.0f}" for k, v in figures.items()), flush=True)
+        return None
     if a.write_placeholder_tokenizer:
         write_placeholder_tokenizer(a.write_placeholder_tokenizer[0], int(a.write_placeholder_tokenizer[1]))
         return None

@@ -134,8 +134,11 @@ class Sampler:
             sorted_p, order = probs.sort(dim=-1, descending=True)
             ranks = torch.arange(self.vocab_size, device=logits.device)[None, :]
             drop = ranks >= args.top_k[:, None]
-            # keep the smallest set whose mass reaches top_p (the first token always stays)
-            drop |= (sorted_p.cumsum(dim=-1) - sorted_p) > args.top_p[:, None]
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            # top-p reads the distribution top-k left, renormalised (as transformers' warpers do):
+            # keep the smallest set reaching top_p of the kept mass (the first token always stays)
+            kept_mass = sorted_p.sum(dim=-1, keepdim=True)
+            drop = (sorted_p.cumsum(dim=-1) - sorted_p) > args.top_p[:, None] * kept_mass
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
         race = probs / -torch.log(hashed_uniform(args.seeds, args.steps, self.vocab_size))

@@ -4,14 +4,15 @@ scheduler that it turns back into text."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from minisgl.core import SamplingParams
 
 from .serde import message
 
-# a completion prompt (text or token ids) or a chat (a list of {"role", "content"})
-Prompt = Union[str, List[int], List[Dict[str, str]]]
+# a completion prompt (text or token ids) or a chat (a list of {"role", "content"}, or
+# {"messages": that list, "tools": the tools offered to the model})
+Prompt = Union[str, List[int], List[Dict[str, Any]], Dict[str, Any]]
 
 
 @message

@@ -6,6 +6,11 @@ only if a table row is free and the KV pool can hold it to the end (`pages_to_fi
 what running requests are already promised, so a running request never runs out of pages. The
 token budget caps one step's prefill; a prompt that does not fit is cut, and its remainder
 continues first in the next step (chunked prefill).
+
+One prompt at a time is half done. Beside it, waiting requests join only whole, and the chunk
+leaves them room (`newcomer_share`): up to half the budget, for the leading waiting prompts that
+fit in it. So a short prompt (at most half the budget) waits at most one prefill step behind a
+long one, while the long one still advances by at least half the budget per prefill step.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ class PrefillAdder:
     table: TableManager
     cache: CacheManager
 
-    def continue_chunk(self, req: Req) -> Req:
-        req.device_len = req.cached_len + min(req.prompt_len - req.cached_len, self.token_budget)
+    def continue_chunk(self, req: Req, leave: int = 0) -> Req:
+        """The next chunk of a half-done prompt: the budget but `leave` tokens, at most its rest."""
+        req.device_len = req.cached_len + min(req.prompt_len - req.cached_len, self.token_budget - leave)
         req.check()
         self.token_budget -= req.extend_len
         return req
@@ -111,19 +117,36 @@ class PrefillManager:
         return None
 
     def admission_order(self) -> List[PendingReq]:
-        """The waiting requests in the order this step offers them to admission."""
+        """The waiting requests in the order this step offers them to admission (none when no
+        table row is free: then nothing can be admitted, and matching prompts would be wasted)."""
+        if self.table.available_size == 0:
+            return []
         if self.schedule_policy == "lpm" and len(self.pending) > 1:
             return longest_prefix_first(self.pending, self.cache)
         return list(self.pending)
 
+    def newcomer_share(self, order: Sequence[PendingReq]) -> int:
+        """Tokens a continuing chunk leaves to the waiting requests: the whole prompts of the
+        leading ones in `order` (as many as there are free rows) that together fit in half the
+        budget. A prompt's length bounds what it computes (a prefix hit only makes it less)."""
+        share, half = 0, self.max_extend_tokens // 2
+        for p in order[: self.table.available_size]:
+            if share + len(p.input_ids) > half:
+                break
+            share += len(p.input_ids)
+        return share
+
     def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
         adder = PrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)
+        order = self.admission_order()
         reqs: List[Req] = []
         if self.chunked is not None:
-            reqs.append(adder.continue_chunk(self.chunked))
+            reqs.append(adder.continue_chunk(self.chunked, leave=self.newcomer_share(order)))
             self.chunked = None
         admitted = set()
-        for pending in self.admission_order():
+        for pending in order:
+            if reqs and reqs[0].is_chunk and len(pending.input_ids) > adder.token_budget:
+                break  # beside a half-done prompt only whole prompts join: one is cut at a time
             req = adder.try_admit(pending)
             if req is None:
                 break
@@ -133,6 +156,7 @@ class PrefillManager:
             self.pending = deque(p for p in self.pending if p.uid not in admitted)
         if not reqs:
             return None
-        if reqs[-1].is_chunk:
-            self.chunked = reqs[-1]
+        # one request at most is half done: the chunk continued first, or the last one admitted
+        assert sum(r.is_chunk for r in reqs) <= 1, "two prompts half done in one batch"
+        self.chunked = next((r for r in reqs if r.is_chunk), None)
         return Batch(reqs=reqs, phase="prefill")

@@ -81,6 +81,7 @@ class Scheduler:
         self.unprocessed: List[ForwardResult] = []  # launched, results not read yet
         self.trace: List[StepTrace] = []
         self._step = 0
+        self._decode_turn = False  # the last step prefilled part of a prompt: decode next
         self._uids = itertools.count()
         self._seed_rng = random.Random(config.engine.seed)
 
@@ -159,13 +160,23 @@ class Scheduler:
 
     # ---- schedule and prepare ---------------------------------------------------------------
     def schedule_next_batch(self) -> Optional[Batch]:
+        """Prefill first (it shortens waiting), but a prefill step that leaves a prompt half done
+        is followed by a decode step: while a long prompt is chunked, every running request
+        still gets a token at least every other step. (A rule of the scheduler's own state
+        only, so tensor-parallel ranks make the same choice.)"""
+        if self._decode_turn:
+            self._decode_turn = False
+            batch = self.decode.schedule_next_batch()
+            if batch is not None:
+                return batch
         if not self.prefill.pending and self.prefill.chunked is None:
             return self.decode.schedule_next_batch()  # nothing to admit: skip the page count
         reserved = sum(self.cache.pages_to_finish(r) for r in self.live.values() if not r.finished)
-        batch = self.prefill.schedule_next_batch(reserved)  # prefill first: it shortens waiting
+        batch = self.prefill.schedule_next_batch(reserved)
         if batch is not None:
             for r in batch.reqs:
                 self.live[r.uid] = r
+            self._decode_turn = self.prefill.chunked is not None
             return batch
         return self.decode.schedule_next_batch()
 

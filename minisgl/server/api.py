@@ -216,7 +216,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
             for i, prompt in enumerate(prompts):
                 for j, p in enumerate(params):
                     stream = await frontend.submit(prompt, chat, p, body.limit() is None, body.stop_list(), echo)
-                    choices.append(Choice(i * body.n + j, stream, chat, p.logprobs >= 0, wait))
+                    choices.append(Choice(i * body.n + j, stream, chat, p.logprobs >= 0, wait, tools=chat and body.offers_tools()))
             await gather_or_cancel([c.next() for c in choices])
             base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{choices[0].stream.uid}", "created": int(time.time()), "model": args.model_name}
             if not body.stream:
@@ -267,7 +267,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        return await respond(request, body, [body.template_messages()], chat=True)
+        return await respond(request, body, [body.template_prompt()], chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:

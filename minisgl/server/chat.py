@@ -3,8 +3,11 @@
 A conversation that used tools -- an assistant turn with `tool_calls` and no content, then a
 `tool` turn with the result -- is accepted and handed to the model's chat template as Hugging
 Face templates expect it (arguments as objects); the tokenizer worker then checks the template
-really wrote it. Asking the model to *call* tools (`tools`) is refused: this server does not parse
-tool calls out of the model's text.
+really wrote it. Tools offered to the model (`tools`, with `tool_choice` "auto") go to the
+template too, where it can render them (else a 400), and the calls the model writes come back as
+`tool_calls` (`tool_calls.py`). Forcing a call ("required", a named function) is refused: nothing
+here constrains the model to call one; so is streaming with tools, since a call can only be told
+from text once it is complete.
 """
 
 from __future__ import annotations
@@ -26,6 +29,24 @@ class ToolCall(_Strict):
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
+
+
+class ToolFunction(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")  # OpenAI's rule for names
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = None  # a JSON schema, shown to the model by the template
+    strict: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _not_strict(self) -> "ToolFunction":
+        if self.strict:
+            raise Unsupported("strict", "true is not supported: the arguments are not constrained to the schema")
+        return self
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: ToolFunction
 
 
 class ChatMessage(_Strict):
@@ -87,7 +108,7 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[List[Dict[str, Any]]] = None
+    tools: Optional[List[Tool]] = None
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None  # only means something with tools
     # declared so that the refusal names them (OpenAI features this server does not have)
@@ -104,10 +125,16 @@ class ChatCompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
-        if self.tools:
-            raise Unsupported("tools", "this server does not turn model output into tool_calls; send the request without tools (a conversation may still contain tool calls and tool results)")
-        if self.tool_choice not in (None, "none"):
-            raise Unsupported("tool_choice", "only 'none' is supported: this server does not call tools")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise Unsupported("tool_choice", f"{self.tool_choice!r} is not supported: only 'auto' (the model decides) and 'none'; this server cannot force a tool call")
+        if self.tool_choice == "auto" and not self.tools:
+            raise Unsupported("tool_choice", "'auto' needs tools to choose from")
+        if self.tools and len({t.function.name for t in self.tools}) < len(self.tools):
+            raise Unsupported("tools", "two tools have the same name")
+        if self.offers_tools() and self.stream:
+            raise Unsupported("stream", "streaming with tools is not supported (a tool call is known only once complete): send stream false, or no tools")
+        if self.parallel_tool_calls is False and self.offers_tools():
+            raise Unsupported("parallel_tool_calls", "false is not supported: the model may call several tools in one reply")
         if self.functions or self.function_call not in (None, "none"):
             raise Unsupported("functions" if self.functions else "function_call", "function calling is not supported")
         if self.modalities not in (None, ["text"]):
@@ -137,5 +164,13 @@ class ChatCompletionRequest(_Common):
             return "object", ""
         return "schema", json.dumps(fmt.json_schema.schema_)
 
-    def template_messages(self) -> List[Dict[str, Any]]:
-        return [m.for_template() for m in self.messages]
+    def offers_tools(self) -> bool:
+        """True when the model is offered tools (tool_choice 'none' offers none)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def template_prompt(self) -> Union[List[Dict[str, Any]], Dict[str, Any]]:
+        """What the tokenizer worker renders: the messages, with the tools when they are offered."""
+        messages = [m.for_template() for m in self.messages]
+        if not self.offers_tools():
+            return messages
+        return {"messages": messages, "tools": [t.model_dump(exclude_none=True) for t in self.tools]}

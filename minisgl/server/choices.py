@@ -21,13 +21,16 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional
 from minisgl.message import TokenLogprob, UserReply
 
 from .frontend import RequestStream
+from .tool_calls import parse_tool_calls
 
 
 class Choice:
-    def __init__(self, index: int, stream: RequestStream, chat: bool, logprobs: bool, waiter: Callable[[Awaitable[UserReply]], Awaitable[UserReply]]):
+    def __init__(self, index: int, stream: RequestStream, chat: bool, logprobs: bool, waiter: Callable[[Awaitable[UserReply]], Awaitable[UserReply]],
+                 tools: bool = False):
         self.index = index
         self.stream = stream
         self.chat = chat
+        self.tools = tools  # the model was offered tools: read its calls out of the text
         self.want_logprobs = logprobs
         self.waiter = waiter  # wraps each wait (it gives up when the client goes away)
         self.submitted = time.monotonic()
@@ -104,7 +107,13 @@ class Choice:
     def final(self) -> Dict[str, Any]:
         reason = self.last.finish_reason
         if self.chat:
-            message = {"role": "assistant", "content": self.text, "refusal": None, "tool_calls": None}
+            content, calls = self.text, None
+            if self.tools:
+                parsed = parse_tool_calls(self.text)
+                if parsed.tool_calls:
+                    content, calls = parsed.content, parsed.tool_calls
+                    reason = "tool_calls" if reason == "stop" else reason  # a reply cut by max_tokens stays "length"
+            message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls}
             return {"index": self.index, "message": message, "logprobs": self._chat_logprobs(self.logprobs), "finish_reason": reason}
         return {"index": self.index, "text": self.text, "logprobs": self._completion_logprobs(self.logprobs), "finish_reason": reason}
 

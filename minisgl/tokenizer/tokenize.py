@@ -5,16 +5,46 @@ A chat template is a Jinja program, and one that does not know a message's shape
 without a word (a template written for plain turns skips an assistant's tool calls). So after
 rendering we check that everything the conversation said made it into the text, and refuse the
 request when it did not, rather than let the model answer a conversation it never saw.
+
+Tools offered to the model go through the template too, when it can render them: it must read a
+`tools` variable and ask for calls in the one format the server parses (`<tool_call>` blocks,
+see `minisgl.server.tool_calls`); any other template is refused rather than parsed wrongly.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Optional, Union
 
 from minisgl.core import InvalidRequestError
 
-Prompt = Union[str, List[int], List[Dict[str, Any]]]
+Prompt = Union[str, List[int], List[Dict[str, Any]], Dict[str, Any]]  # the dict: {"messages", "tools"}
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def template_source(tokenizer) -> str:
+    """The default chat template's Jinja text ('' when the tokenizer has none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: "default" is the one apply_chat_template uses
+        template = template.get("default")
+    return template if isinstance(template, str) else ""
+
+
+def check_renders_tools(tokenizer) -> None:
+    """Raise InvalidRequestError unless the chat template renders `tools` and asks for calls in
+    `<tool_call>` blocks."""
+    import jinja2
+    import jinja2.meta
+
+    source = template_source(tokenizer)
+    try:
+        reads = jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(source)) if source else set()
+    except jinja2.TemplateSyntaxError as e:
+        raise InvalidRequestError(f"tools: the model's chat template could not be read to check that it renders tools ({e})") from None
+    if "tools" not in reads:
+        raise InvalidRequestError("tools: the model's chat template does not render tools, so they cannot be offered to this model; send the request without tools")
+    if TOOL_CALL_OPEN not in source:
+        raise InvalidRequestError(f"tools: the model's chat template renders tools but does not ask for {TOOL_CALL_OPEN} blocks, the only tool-call format this server reads")
 
 
 def _said(message: Dict[str, Any]) -> List[str]:
@@ -33,14 +63,21 @@ class TokenizeManager:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
 
-    def render_chat(self, messages: List[Dict[str, Any]]) -> str:
-        """The conversation through the model's chat template, checked to say all it said."""
+    def render_chat(self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None) -> str:
+        """The conversation (and the tools offered, if any) through the model's chat template,
+        checked to say all it said."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("messages must be a list of {role, content} objects")
+        if tools:
+            check_renders_tools(self.tokenizer)
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # a template error (Jinja, or a `raise_exception` in the template)
             raise InvalidRequestError(f"the model's chat template cannot render these messages: {type(e).__name__}: {e}") from None
+        for i, tool in enumerate(tools or ()):
+            name = tool["function"]["name"]
+            if name not in text:
+                raise InvalidRequestError(f"tools.{i}: the model's chat template left out the tool {name!r}")
         for i, m in enumerate(messages):
             missing = [p for p in _said(m) if p not in text]
             if missing:
@@ -50,8 +87,9 @@ class TokenizeManager:
 
     def encode(self, prompt: Prompt, chat: bool) -> List[int]:
         if chat:
+            messages, tools = (prompt["messages"], prompt["tools"]) if isinstance(prompt, dict) else (prompt, None)
             # what apply_chat_template(tokenize=True) does: the template writes the special tokens
-            return [int(t) for t in self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False)]
+            return [int(t) for t in self.tokenizer.encode(self.render_chat(messages, tools), add_special_tokens=False)]
         if isinstance(prompt, str):
             # no BOS added: the same choice as LLM.encode; fall back for tokenizers that need one
             return self.tokenizer.encode(prompt, add_special_tokens=False) or self.tokenizer.encode(prompt)
