@@ -25,7 +25,7 @@ from helpers import REPO_ROOT, TINY_LLAMA
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import SchedulerConfig
 from minisgl.server.args import ServerArgs, ServerConfig, build_parser, parse_args
-from minisgl.utils.misc import option_fields
+from minisgl.utils.misc import UnknownOptionError, add_config_flags, option_fields
 
 CONFIGS = (EngineConfig, SchedulerConfig, ServerConfig)
 NOT_FLAGS = {"tp_rank"}  # set per process by the tensor-parallel launcher
@@ -176,3 +176,17 @@ def test_the_overlap_switch_means_the_same_for_every_front_end(value, default):
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"server": default, "server_flag_on": True, "server_flag_off": False, "shell": default,
                     "llm": default, "llm_keyword_on": True, "benchmark": default}
+
+
+def test_a_program_can_leave_settings_out_of_its_flags():
+    """`exclude` drops the flags of settings a program decides itself (a benchmark's batch sizes);
+    a name that is no setting is an error, not a flag silently left in."""
+    p = argparse.ArgumentParser()
+    add_config_flags(p, SchedulerConfig, exclude=("overlap", "page_size"))
+    dests = {a.dest for a in p._actions}
+    assert {"overlap", "page_size"}.isdisjoint(dests) and {"device", "prefix_cache", "max_extend_tokens"} <= dests
+    with pytest.raises(SystemExit):
+        p.parse_args(["--page-size", "4"])
+    for bad in ({"exclude": ("page_sise",)}, {"helps": {"modle_path": "x"}}):
+        with pytest.raises(UnknownOptionError, match="did you mean"):
+            add_config_flags(argparse.ArgumentParser(), SchedulerConfig, **bad)

@@ -1,16 +1,28 @@
 """Chapter 21: benchmarks. The workload is the published one (token totals), the bandwidth floor
 counts what a brute-force loop counts, the Hugging Face baseline generates what the engine
-generates (float32 greedy), and both benchmark scripts run end to end in their quick mode."""
+generates (float32 greedy), and both benchmark scripts run end to end in their quick mode. The
+decode and overlap benchmarks take the engine's and the scheduler's flags exactly as `python -m
+minisgl` does, bar the settings each one decides itself, and every command line the docs show parses."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
 
-from minisgl.benchmark import decode, offline
+from minisgl.benchmark import decode, offline, overlap
 from minisgl.benchmark.hf_baseline import build_hf_model, hf_continuous_batching, hf_generate
+from minisgl.engine import EngineConfig
+from minisgl.scheduler import SchedulerConfig
+from minisgl.server.args import build_parser as server_parser
+from minisgl.utils.misc import config_options, option_fields
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_workload_is_nano_vllms():
@@ -69,10 +81,88 @@ def test_offline_quick_runs_the_whole_workload():
     assert result.tokens_per_s > 0
 
 
-def test_decode_quick_reports_every_batch_size():
-    results = decode.main(["--quick", "--device", "cpu"])
+def _record_builds(module, monkeypatch) -> list:
+    """The engines `module` builds, kept (the real `build_llm` still builds them)."""
+    built = []
+
+    def build(*args, **kwargs):
+        built.append(module.__dict__["_real_build_llm"](*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setitem(module.__dict__, "_real_build_llm", module.build_llm)
+    monkeypatch.setattr(module, "build_llm", build)
+    return built
+
+
+def test_decode_quick_reports_every_batch_size(monkeypatch):
+    built = _record_builds(decode, monkeypatch)
+    results = decode.main(["--quick", "--device", "cpu", "--page-size", "4", "--attention-backend", "torch"])
     assert [(r.batch_size, r.cuda_graph) for r in results] == [(1, False), (4, False)]
     assert all(math.isfinite(r.tpot_s) and r.tpot_s > 0 for r in results)
+    # the engine flags reach the engine; the pool is sized for the batch in pages of that size
+    [llm] = built
+    assert (llm.engine.page_size, type(llm.engine.attn_backend).__name__, llm.device.type) == (4, "TorchAttnBackend", "cpu")
+    assert llm.engine.num_pages == 4 * (16 + 4 + 8 + 4) // 4 + 16
+
+
+def test_overlap_runs_both_loops_on_the_cpu(models_dir, monkeypatch, tmp_path):
+    built = _record_builds(overlap, monkeypatch)
+    out = tmp_path / "overlap.json"
+    results = overlap.main(["--model", str(models_dir / "tiny-llama"), "--device", "cpu", "--page-size", "2",
+                            "--batch-sizes", "1,2", "--input-len", "8", "--steps", "6", "--json", str(out)])
+    assert [r.batch_size for r in results] == [1, 2]
+    assert all(r.off.step_ms > 0 and r.on.step_ms > 0 and not r.off.overlap and r.on.overlap for r in results)
+    assert [row["batch_size"] for row in json.loads(out.read_text())] == [1, 2]
+    [llm] = built
+    assert (llm.engine.page_size, llm.config.prefix_cache, llm.config.engine.max_running_reqs) == (2, "naive", 2)
+
+
+@pytest.mark.parametrize("module", [decode, overlap], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_benchmark_engine_flags_are_the_servers(module):
+    """Every engine and scheduler setting the benchmark does not decide itself is a flag spelt,
+    typed and explained as `python -m minisgl` has it, defaulting to the config's own default;
+    the ones it decides (SET_BY_RUN) have no flag at all."""
+    ours = {a.dest: a for a in module.build_parser()._actions}
+    theirs = {a.dest: a for a in server_parser()._actions}
+    for name, (_, f) in option_fields(SchedulerConfig).items():
+        if name not in theirs:  # set by the program (tp_rank), a flag nowhere
+            assert name not in ours
+        elif name in module.SET_BY_RUN:
+            assert name not in ours, f"{module.__name__} sets {name} itself, yet has a flag for it"
+            with pytest.raises(SystemExit):
+                module.build_parser().parse_args([theirs[name].option_strings[0]] + ([] if theirs[name].nargs == 0 else ["1"]))
+        else:
+            a, b = ours[name], theirs[name]
+            assert (a.option_strings, a.type, a.choices, a.default, a.nargs) == (b.option_strings, b.type, b.choices, b.default, b.nargs), name
+            if name not in ("model_path", "dummy_weights"):  # the benchmarks say what their own default is
+                assert a.help == b.help, name
+    assert "(default: 1)" in ours["page_size"].help and EngineConfig.page_size == 1
+    # nothing given, nothing passed on: the engine keeps the config's defaults
+    assert config_options(module.build_parser().parse_args([]), SchedulerConfig) == {}
+
+
+def _documented_commands(module: str) -> list:
+    """The arguments of every `python -m minisgl.benchmark.<module> ...` that the docs show:
+    command lines in backticks in the README, RESULTS.md and the chapters' prose, and the lines
+    of the benchmarks' docstrings and the GPU check script."""
+    prose = [(ROOT / "README.md").read_text(), (ROOT / "minisgl/benchmark/RESULTS.md").read_text()]
+    for nb in sorted((ROOT / "chapters").glob("*.ipynb")):
+        prose += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown"]
+    call = re.compile(rf"-m minisgl\.benchmark\.{module}\b(.*)", re.S)
+    found = [m.group(1) for text in prose for span in re.findall(r"`([^`]*)`", text) if (m := call.search(span))]
+    line_call = re.compile(rf"^\s*(?:python3?|step \$PY) -m minisgl\.benchmark\.{module}\b([^#]*)")
+    for script in (*sorted((ROOT / "minisgl/benchmark").glob("*.py")), ROOT / "tools/gpu_check.sh"):
+        found += [m.group(1) for line in script.read_text().splitlines() if (m := line_call.match(line))]
+    return found
+
+
+@pytest.mark.parametrize("module", [decode, overlap], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_documented_command_lines_parse(module):
+    short = module.__name__.rsplit(".", 1)[-1]
+    commands = _documented_commands(short)
+    assert len(commands) >= 3, commands  # RESULTS.md, the docstring and a chapter name each
+    for args in commands:
+        module.build_parser().parse_args(shlex.split(args))  # a usage error exits: the test fails
 
 
 def test_kernel_profile_groups_by_family_and_averages_over_steps():

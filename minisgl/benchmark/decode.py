@@ -24,8 +24,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.engine import EngineConfig
 from minisgl.env import REPO_ROOT
 from minisgl.llm import LLM
+from minisgl.scheduler import SchedulerConfig
+from minisgl.utils.misc import add_config_flags, config_options
 
 from .build import build_llm, has_weights, release
 
@@ -142,19 +145,25 @@ def kernel_table(p: StepProfile, top: int = 16) -> str:
     return "\n".join(lines)
 
 
-def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool], page_size: int = 1, device: str = "auto") -> List[DecodeResult]:
+# what this benchmark decides itself: graphs on and off are swept (--graphs), and the batch
+# sizes fix the largest batch, the graphs captured, the context length and the KV pool's size
+SET_BY_RUN = ("use_cuda_graph", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "num_pages")
+
+
+def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool], **options) -> List[DecodeResult]:
+    """`options`: any other engine or scheduler setting by name (not those in SET_BY_RUN)."""
     results = []
     max_bs = max(batch_sizes)
+    page_size = options.get("page_size", EngineConfig.page_size)
     for use_graph in graphs:
         llm = build_llm(
             model,
             dummy_weights=dummy,
-            page_size=page_size,
             max_running_reqs=max_bs,
             use_cuda_graph=use_graph,
-            device=device,
             max_seq_len=input_len + steps + 8,
             num_pages=max_bs * (input_len + steps + 8 + page_size) // page_size + 16,
+            **options,
         )
         measure_tpot(llm, min(max_bs, 4), input_len, 4)  # warm-up: compiles kernels
         for bs in batch_sizes:
@@ -170,28 +179,33 @@ def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, ste
     return results
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[DecodeResult]:
-    ap = argparse.ArgumentParser(description="Decode time per output token at several batch sizes.")
-    ap.add_argument("--model", default=None, help="model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m minisgl.benchmark.decode", description="Decode time per output token at several batch sizes.")
     ap.add_argument("--batch-sizes", default="1,16,64,256", help="comma-separated batch sizes")
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens per request")
     ap.add_argument("--steps", type=int, default=128, help="decode steps timed per batch size")
-    ap.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
     ap.add_argument("--graphs", default="on,off", help="which settings to run: on, off or on,off")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--quick", action="store_true", help="tiny model, batch 1 and 4, a few steps (runs on the CPU)")
-    args = ap.parse_args(argv)
+    # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
+    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)"}, exclude=SET_BY_RUN)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[DecodeResult]:
+    args = build_parser().parse_args(argv)
+    options = config_options(args, SchedulerConfig)
+    model = options.pop("model_path", None)
     if args.quick:
-        model = args.model or str(REPO_ROOT / "models" / "tiny-qwen3")
+        model = model or str(REPO_ROOT / "models" / "tiny-qwen3")
         sizes, input_len, steps = [1, 4], 16, 4
     else:
-        model = args.model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
+        model = model or str(REPO_ROOT / "models" / "qwen3-0.6b-dummy")
         sizes, input_len, steps = [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps
-    dummy = not has_weights(model)
+    dummy = options.pop("dummy_weights", not has_weights(model))  # config-only folders
     graphs = [g.strip() == "on" for g in args.graphs.split(",")]
-    if not torch.cuda.is_available() or args.device == "cpu":
+    if not torch.cuda.is_available() or options.get("device", EngineConfig.device).startswith("cpu"):
         graphs = [False]  # CUDA graphs need a GPU
-    return run(model, dummy, sizes, input_len, steps, graphs, args.page_size, args.device)
+    return run(model, dummy, sizes, input_len, steps, graphs, **options)
 
 
 if __name__ == "__main__":

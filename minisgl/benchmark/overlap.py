@@ -29,6 +29,8 @@ from typing import Dict, List, Optional, Sequence
 from minisgl.core import SamplingParams
 from minisgl.env import default_model_path
 from minisgl.llm import LLM
+from minisgl.scheduler import SchedulerConfig
+from minisgl.utils.misc import add_config_flags, config_options
 
 from .build import build_llm, has_weights
 
@@ -148,9 +150,17 @@ def measure(llm: LLM, bs: int, input_len: int, steps: int, overlap: bool, seed: 
     return loop_times(timed, overlap)
 
 
-def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, device: str = "auto", attention_backend: str = "auto") -> List[OverlapResult]:
+# what this benchmark decides itself: overlap off and on is what it compares, the batch sizes
+# fix the largest batch, the graphs captured and the context length, and every prompt is fresh,
+# so the prefix cache has nothing to find (the naive one spends nothing looking; no cache, no
+# longest-prefix-first order either)
+SET_BY_RUN = ("overlap", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "prefix_cache", "schedule_policy")
+
+
+def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, **options) -> List[OverlapResult]:
+    """`options`: any other engine or scheduler setting by name (not those in SET_BY_RUN)."""
     max_bs = max(batch_sizes)
-    llm = build_llm(model, dummy_weights=dummy, device=device, attention_backend=attention_backend, max_running_reqs=max_bs, max_seq_len=input_len + steps + 8, prefix_cache="naive")
+    llm = build_llm(model, dummy_weights=dummy, max_running_reqs=max_bs, max_seq_len=input_len + steps + 8, prefix_cache="naive", **options)
     measure(llm, min(max_bs, 4), input_len, 4, overlap=False)  # warm-up: kernels, allocator
     results = []
     for bs in batch_sizes:
@@ -172,20 +182,23 @@ def report(r: OverlapResult) -> str:
     )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[OverlapResult]:
-    ap = argparse.ArgumentParser(description="Decode step time with overlap scheduling off and on, phase by phase.")
-    ap.add_argument("--model", default=None, help="model directory (default: the bundled SmolLM2-135M)")
-    ap.add_argument("--dummy-weights", action="store_true", help="random weights (needs only config.json); implied when the folder has no *.safetensors")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m minisgl.benchmark.overlap", description="Decode step time with overlap scheduling off and on, phase by phase.")
     ap.add_argument("--batch-sizes", default="1,16,64", help="comma-separated batch sizes")
     ap.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
     ap.add_argument("--steps", type=int, default=64, help="decode steps per run")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    ap.add_argument("--attention-backend", default="auto", help="auto | torch | flashinfer")
     ap.add_argument("--json", type=Path, default=None, help="also write the results to this file")
-    args = ap.parse_args(argv)
-    model = args.model or str(default_model_path())
-    dummy = args.dummy_weights or not has_weights(model)
-    results = run(model, dummy, [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps, args.device, args.attention_backend)
+    # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
+    add_config_flags(ap, SchedulerConfig, helps={"dummy_weights": "random weights from the model's config.json; implied when the folder has no *.safetensors"}, exclude=SET_BY_RUN)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[OverlapResult]:
+    args = build_parser().parse_args(argv)
+    options = config_options(args, SchedulerConfig)
+    model = options.pop("model_path", None) or str(default_model_path())
+    dummy = options.pop("dummy_weights", not has_weights(model))  # config-only folders
+    results = run(model, dummy, [int(s) for s in args.batch_sizes.split(",")], args.input_len, args.steps, **options)
     if args.json is not None:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1) + "\n")
     return results

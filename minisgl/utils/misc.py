@@ -115,19 +115,25 @@ def _build(cls: type, flat: Dict[str, Any], base: Any) -> Any:
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, helps: Optional[Dict[str, str]] = None) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, helps: Optional[Dict[str, str]] = None, exclude: Sequence[str] = ()) -> None:
     """Add a flag for every setting of config class `cls` to `parser`, one argument group per
     dataclass (titled from the class's docstring); `helps` replaces the help text of settings
-    whose default a program changes (a benchmark's own model). A flag left out leaves its
-    setting out of the parsed namespace (argparse.SUPPRESS), so the dataclass's own default,
-    environment switches included, applies: `config_options` then picks out what was given.
+    whose default a program changes (a benchmark's own model), and `exclude` names settings the
+    program decides itself (a benchmark's swept batch sizes), which get no flag. A flag left
+    out leaves its setting out of the parsed namespace (argparse.SUPPRESS), so the dataclass's
+    own default, environment switches included, applies: `config_options` then picks out what
+    was given.
 
     Flags: `--page-size` for `page_size` (or `--<metadata flag>`); a bool that defaults to
     False is switched on by `--<name>`, one that defaults to True off by `--disable-<name>`,
     and one whose default is computed (from the environment) takes either."""
+    known = option_fields(cls)
+    for name in [*(helps or {}), *exclude]:
+        if name not in known:  # a misspelt name would otherwise leave its flag in, or its help unchanged
+            raise UnknownOptionError([name], list(known))
     groups: Dict[type, Any] = {}
-    for name, (owner, f) in option_fields(cls).items():
-        if f.metadata.get("cli", True) is False:
+    for name, (owner, f) in known.items():
+        if f.metadata.get("cli", True) is False or name in exclude:
             continue
         if owner not in groups:
             title = (owner.__doc__ or owner.__name__).strip().splitlines()[0]
