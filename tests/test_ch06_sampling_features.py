@@ -237,7 +237,7 @@ def test_make_sampling_args_keeps_the_seed_bits():
 
 # ---- end to end: the offline engine against transformers' generate --------------------------------
 
-from helpers import TINY_LLAMA, build_llm, eos_ids, hf_greedy, hf_logits, hf_model  # noqa: E402
+from helpers import TINY_LLAMA, build_llm, eos_ids, hf_greedy, hf_logits, hf_model, needs_real_smollm2  # noqa: E402
 from minisgl.core import SamplingParams as SP  # noqa: E402
 
 PROMPTS = [[1, 450, 4996, 17354, 1701, 29916], [1, 306, 763, 278, 29871, 29906, 29900, 29896], [1, 12148, 263], [5, 6, 7, 8, 9, 10, 11]]
@@ -364,6 +364,7 @@ def test_json_schema_output_parses_and_matches_the_schema():
     assert runs[0] == runs[1], "overlap scheduling changed the constrained output"
 
 
+@needs_real_smollm2  # random weights rarely close an object within 24 tokens
 def test_json_object_mode_gives_an_object():
     llm = build_llm(SMOLLM2, max_running_reqs=2)
     out = llm.generate(["Reply in JSON: an object with the key 'capital' giving the capital of France."],

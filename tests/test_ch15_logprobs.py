@@ -64,7 +64,10 @@ def test_chat_logprobs_match_transformers(server, client, llm, hf_logprobs):
         assert entry.top_logprobs[0].token == entry.token  # greedy: the chosen token is the most likely
     streamed = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True)
     pieces = [e for chunk in streamed for c in chunk.choices if c.logprobs for e in c.logprobs.content]
-    assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
+    # the same tokens; the values agree to rounding (the second request reuses the cached prompt, and
+    # on a GPU a prefill of other length may sum in another order)
+    assert [e.token for e in pieces] == [e.token for e in content]
+    assert [e.logprob for e in pieces] == pytest.approx([e.logprob for e in content], abs=1e-4)
 
 
 def test_completion_logprobs_shape(server, llm):
