@@ -30,10 +30,10 @@ TINY_LLAMA = MODELS / "tiny-llama"
 def smollm2_is_random() -> bool:
     """True where models/smollm2-135m-instruct was built with random weights of its shape
     (`tools/prepare_models.py --random-weights`, for a machine that cannot install the real one)."""
-    try:
-        return bool(json.loads((SMOLLM2 / ".prepared.json").read_text()).get("random_weights"))
-    except (OSError, ValueError):
-        return False
+    from file_module import load_file
+
+    prepare = load_file(REPO_ROOT / "tools" / "prepare_models.py", "_prepare_models_marker")
+    return bool((prepare.read_marker(SMOLLM2) or {}).get("random_weights"))
 
 
 # for claims about what the real SmolLM2 says (that it answers a chat and stops), not about the engine
