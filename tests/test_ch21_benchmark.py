@@ -45,31 +45,27 @@ def test_decode_bytes_matches_a_step_by_step_count():
     assert offline.decode_bytes(w, weight, per_token) == total
 
 
-def test_hf_baseline_generates_the_engines_tokens(models_dir):
+def _assert_baseline_generates_the_engines_tokens(models_dir, device: str, baseline) -> None:
+    """A baseline is fair only if it does the same work: float32 greedy, the engine's tokens."""
     model = str(models_dir / "tiny-llama")
     w = offline.make_workload(3, 5, 30, 3, 8, seed=4)
-    llm = offline.build_llm(model, dummy_weights=False, device="cpu", max_running_reqs=4)
+    llm = offline.build_llm(model, dummy_weights=False, device=device, dtype="float32", max_running_reqs=4)
     ours = offline.run_workload(llm, w)
     offline.release(llm)
-    hf = build_hf_model(model, torch.float32, torch.device("cpu"), dummy_weights=False)
-    base = hf_generate(hf, w.prompts, w.max_tokens)
+    hf = build_hf_model(model, torch.float32, torch.device(device), dummy_weights=False)
+    base = baseline(hf, w.prompts, w.max_tokens)
     assert base.output_tokens == ours.output_tokens == w.output_tokens
     assert base.token_ids == ours.token_ids
+
+
+def test_hf_baseline_generates_the_engines_tokens(models_dir):
+    _assert_baseline_generates_the_engines_tokens(models_dir, "cpu", hf_generate)
 
 
 @pytest.mark.gpu
 def test_hf_continuous_batching_generates_the_engines_tokens(models_dir):
-    """transformers' continuous batching (slow on the CPU: minutes for a few tokens) is a fair
-    baseline only if it does the same work: float32 greedy, the same tokens as the engine."""
-    model = str(models_dir / "tiny-llama")
-    w = offline.make_workload(3, 5, 30, 3, 8, seed=4)
-    llm = offline.build_llm(model, dummy_weights=False, device="cuda", dtype="float32", max_running_reqs=4)
-    ours = offline.run_workload(llm, w)
-    offline.release(llm)
-    hf = build_hf_model(model, torch.float32, torch.device("cuda"), dummy_weights=False)
-    base = hf_continuous_batching(hf, w.prompts, w.max_tokens)
-    assert base.output_tokens == ours.output_tokens == w.output_tokens
-    assert base.token_ids == ours.token_ids
+    """transformers' continuous batching (slow on the CPU: minutes for a few tokens, so on the GPU)."""
+    _assert_baseline_generates_the_engines_tokens(models_dir, "cuda", hf_continuous_batching)
 
 
 def test_offline_quick_runs_the_whole_workload():
