@@ -89,7 +89,7 @@ class RotaryEmbedding(BaseOP):
 
     def forward_and_store(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
-        qk_norm: Optional[Tuple["RMSNorm", "RMSNorm"]] = None,
+        qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None,
     ) -> torch.Tensor:
         """`forward`, then the rotated k and v written to slots `out_loc` of the caches; returns
         the rotated q. On CUDA one kernel does the norms, the rotation and the store."""
