@@ -156,6 +156,11 @@ class Req:
         self.prompt_len = len(self.input_ids)
         self.device_len = self.prompt_len
         self.max_device_len = self.prompt_len + self.sampling_params.max_tokens
+        # room for every token the request can hold: `append_host` writes one, it copies nothing
+        self._ids = torch.empty(self.max_device_len, dtype=torch.int32)
+        self._ids[: self.prompt_len] = self.input_ids
+        self._ids_np = self._ids.numpy()  # the same memory; a numpy write costs no tensor op
+        self.input_ids = self._ids[: self.prompt_len]
         self.check()
 
     def check(self) -> None:
@@ -196,7 +201,9 @@ class Req:
         self.check()
 
     def append_host(self, next_token: int) -> None:
-        self.input_ids = torch.cat([self.input_ids, torch.tensor([next_token], dtype=torch.int32)])
+        n = self.input_ids.shape[0]
+        self._ids_np[n] = next_token
+        self.input_ids = self._ids[: n + 1]
 
     def append_logprobs(self, logprob: float, top: Tuple[Tuple[int, float], ...]) -> None:
         """The log-probabilities of the token just appended (requests that asked for them)."""

@@ -225,7 +225,44 @@ print("ok")
 
 def test_rope_and_store_kernel_under_the_triton_interpreter():
     """The fused kernel itself, run by Triton's interpreter on the CPU (float32: the interpreter
-    mishandles bfloat16), against the reference; the interpreter must be on before Triton loads."""
+    mishandles bfloat16), against the reference."""
+    _interpret(_INTERPRETED)
+
+
+# ---- the matrix-vector kernel for few rows ------------------------------------------------------
+def _gemv_case(rows, n, k, dtype, device, bias=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=g).to(dtype).to(device) if bias else None
+    return x, w, b
+
+
+def _gemv_checks(dtype, device, tol):
+    """The kernel against F.linear in float32 (and against silu_and_mul of it), for 1-4 rows
+    (the engine sends it up to GEMV_MAX_ROWS), widths that are not multiples of its blocks, with
+    and without a bias."""
+    for rows in range(1, 5):
+        for n, k, bias in ((1001, 1000, True), (64, 3072, False), (6, 64, True)):
+            x, w, b = _gemv_case(rows, n, k, dtype, device, bias, seed=rows * n)
+            want = F.linear(x.float(), w.float(), None if b is None else b.float())
+            torch.testing.assert_close(K.gemv(x, w, b).float(), want, atol=tol, rtol=tol)
+        x, w, _ = _gemv_case(rows, 2 * 300, 512, dtype, device, seed=rows)
+        want = K.silu_and_mul_ref(F.linear(x.float(), w.float()).to(dtype))
+        torch.testing.assert_close(K.gemv(x, w, silu_mul=True), want, atol=tol, rtol=tol)
+
+
+_GEMV_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _gemv_checks
+_gemv_checks(torch.float32, "cpu", 1e-4)
+print("ok")
+"""
+
+
+def _interpret(code: str) -> None:
+    """Run `code` in a fresh Python with Triton's interpreter on (it must be on before Triton loads)."""
     pytest.importorskip("triton")
     import os
     import subprocess
@@ -234,6 +271,33 @@ def test_rope_and_store_kernel_under_the_triton_interpreter():
 
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("MINISGL_DISABLE_KERNELS", None)
-    code = _INTERPRETED.format(tests=str(Path(__file__).parent))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", code.format(tests=str(Path(__file__).parent))], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_gemv_kernel_under_the_triton_interpreter():
+    _interpret(_GEMV_INTERPRETED)
+
+
+def test_linear_takes_the_kernel_only_for_few_rows_of_16_bit_activations_on_a_gpu():
+    cpu = torch.device("cpu")
+    w = torch.randn(8, 16, dtype=torch.bfloat16)
+    assert not K.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16), w)  # the CPU runs F.linear
+    x = torch.randn(3, 16, dtype=torch.bfloat16, device=cpu)
+    assert torch.equal(K.linear(x, w), F.linear(x, w))
+    gate_up = torch.randn(16, 16, dtype=torch.bfloat16)
+    assert torch.equal(K.linear_silu_and_mul(x, gate_up), K.silu_and_mul_ref(F.linear(x, gate_up)))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_kernel(dtype):
+    _gemv_checks(dtype, "cuda", 2e-2)
+
+
+@gpu
+def test_linear_uses_the_kernel_up_to_gemv_max_rows():
+    w = torch.randn(64, 128, dtype=torch.bfloat16, device="cuda")
+    assert K.gemv_applies(torch.randn(K.GEMV_MAX_ROWS, 128, dtype=torch.bfloat16, device="cuda"), w)
+    assert not K.gemv_applies(torch.randn(K.GEMV_MAX_ROWS + 1, 128, dtype=torch.bfloat16, device="cuda"), w)
+    assert not K.gemv_applies(torch.randn(1, 128, device="cuda"), w.float())  # float32 keeps cuBLAS

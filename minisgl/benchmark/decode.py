@@ -116,10 +116,10 @@ def profile_decode_steps(llm: LLM, bs: int, input_len: int, steps: int = 4, seed
 
     rng = random.Random(seed)
     uids = [llm.add_request([rng.randint(0, 10000) for _ in range(input_len)], SamplingParams(max_tokens=steps + 8, ignore_eos=True)) for _ in range(bs)]
-    start = len(llm.trace)
-    while not any(t.phase == "decode" for t in llm.trace[start:]):
-        llm.step()
-    llm.step()  # a second decode step: the overlap loop is now in its steady state
+    while llm.prefill.pending or llm.prefill.chunked is not None:  # every prompt prefilled:
+        llm.step()  # the profiled steps are decode steps only
+    llm.step()
+    llm.step()  # two decode steps: the overlap loop is now in its steady state
     torch.cuda.synchronize(llm.device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):

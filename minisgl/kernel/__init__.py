@@ -7,6 +7,7 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 """
 
 from .activation import silu_and_mul, silu_and_mul_ref
+from .gemv import GEMV_MAX_ROWS, gemv, gemv_applies, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from .rope import apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
@@ -14,6 +15,7 @@ from .store import store_kv, store_kv_ref
 from .util import triton_available
 
 __all__ = [
+    "GEMV_MAX_ROWS",
     "apply_rope",
     "apply_rope_and_store",
     "apply_rope_and_store_ref",
@@ -21,7 +23,12 @@ __all__ = [
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_ref",
     "gather_page_indices",
+    "gemv",
+    "gemv_applies",
     "gather_page_indices_ref",
+    "linear",
+    "linear_silu_and_mul",
+    "linear_silu_and_mul_ref",
     "rmsnorm",
     "rmsnorm_ref",
     "silu_and_mul",

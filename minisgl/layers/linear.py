@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 
+from minisgl import kernel
 from minisgl.distributed.comm import all_reduce
 from minisgl.distributed.info import get_tp_info
 from minisgl.utils import div_ceil
@@ -31,7 +31,7 @@ class _Linear(BaseOP):
         return getattr(self, "bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self._bias())
+        return kernel.linear(x, self.weight, self._bias())  # F.linear, or a GEMV kernel for few rows
 
 
 class LinearReplicated(_Linear):
@@ -48,6 +48,11 @@ class LinearColParallelMerged(_Linear):
             assert s % tp == 0, f"output size {s} does not split over {tp} ranks"
         self.local_sizes = [s // tp for s in out_sizes]
         super().__init__(sum(self.local_sizes), in_features, bias, dtype, device)
+
+    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """`silu(x @ gate.T) * (x @ up.T)` for a gate|up pair: for few rows one kernel does both."""
+        assert len(self.local_sizes) == 2 and self.local_sizes[0] == self.local_sizes[1] and self._bias() is None
+        return kernel.linear_silu_and_mul(x, self.weight)
 
 
 class LinearQKVMerged(_Linear):
@@ -82,6 +87,6 @@ class LinearRowParallel(_Linear):
         super().__init__(out_features, in_features // tp, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))
+        y = all_reduce(kernel.linear(x, self.weight))
         bias = self._bias()
         return y if bias is None else y + bias

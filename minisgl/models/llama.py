@@ -11,7 +11,6 @@ from typing import Optional
 import torch
 
 from minisgl.core import get_global_ctx
-from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.base import BaseOP, OPList
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel
@@ -57,7 +56,7 @@ class MLP(BaseOP):
         self.down_proj = LinearRowParallel(cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x))
 
 
 class DecoderLayer(BaseOP):

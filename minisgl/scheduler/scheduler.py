@@ -259,7 +259,7 @@ class Scheduler:
         sp = req.sampling_params
         if (token in self.eos_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
             return "stop"
-        if len(req.input_ids) - req.prompt_len >= sp.max_tokens:  # output length, without slicing
+        if req.input_ids.shape[0] - req.prompt_len >= sp.max_tokens:  # output length, without slicing
             return "length"
         return None
 
