@@ -416,6 +416,7 @@ def kernels_against_fallbacks(tokens: int = 37) -> str:
     table = torch.randint(0, 4096, (6, 256), generator=g, device=dev, dtype=torch.int32)
     rows = torch.tensor([4, 0, 5], device=dev)
     indptr = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=dev)
+    proj = rand(2 * 1536, 576) / 24  # SmolLM2's gate|up shape, scaled so outputs stay near 1
     checks = {
         "rmsnorm": diff(K.rmsnorm(x, w, 1e-5), K.rmsnorm_ref(x, w, 1e-5)),
         "fused_add_rmsnorm": diff(K.fused_add_rmsnorm(x, res, w, 1e-5), K.fused_add_rmsnorm_ref(x, res, w, 1e-5)),
@@ -423,6 +424,9 @@ def kernels_against_fallbacks(tokens: int = 37) -> str:
         "apply_rope": diff(K.apply_rope(pos, q.contiguous(), k.contiguous(), cos, sin), K.apply_rope_ref(pos, q.contiguous(), k.contiguous(), cos, sin)),
         "store_kv": diff(stored(K.store_kv), stored(K.store_kv_ref)),
         "gather_page_indices": diff(K.gather_page_indices(table, rows, indptr, 4, 7, max_pages=4), K.gather_page_indices_ref(table, rows, indptr, 4, 7)),
+        # one row, as a batch-1 decode step has; the fallback is cuBLAS (F.linear)
+        "linear": diff(K.linear(x[:1], proj), torch.nn.functional.linear(x[:1], proj)),
+        "linear_silu_and_mul": diff(K.linear_silu_and_mul(x[:1], proj), K.linear_silu_and_mul_ref(x[:1], proj)),
     }
     return "running on cuda, Triton against the PyTorch fallback (largest difference):\n" + "\n".join(
         f"  {name:<20} {d:.3g}" + ("  (bit for bit)" if d == 0 else "") for name, d in checks.items())

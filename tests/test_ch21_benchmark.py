@@ -210,3 +210,30 @@ def test_cpu_attention_hands_sdpa_a_batch_dimension(models_dir, monkeypatch):
     llm.generate([list(range(5, 40))], SamplingParams(max_tokens=3))
     llm.shutdown()
     assert dims and set(dims) == {4}
+
+
+def test_time_by_batch_size_gives_each_step_the_time_until_the_next_launch():
+    from minisgl.scheduler.scheduler import StepTrace
+
+    trace = [
+        StepTrace(0, "prefill", [0, 1], [5, 7], [0, 0], launched_at=10.0),
+        StepTrace(1, "decode", [0, 1], [1, 1], [5, 7], launched_at=10.5),
+        StepTrace(2, "decode", [0, 1], [1, 1], [6, 8], launched_at=10.7),
+        StepTrace(3, "decode", [1], [1], [9], launched_at=11.0),
+    ]
+    groups = offline.time_by_batch_size(trace, end=11.4, weight_bytes=100, kv_bytes_per_token=10, bandwidth=1000.0, width=1)
+    assert [(g.label, g.steps) for g in groups] == [("prefill", 1), ("decode, 1-1 requests", 1), ("decode, 2-2 requests", 2)]
+    prefill, one, two = groups
+    assert prefill.seconds == pytest.approx(0.5) and prefill.floor_s is None
+    assert two.seconds == pytest.approx(0.2 + 0.3) and one.seconds == pytest.approx(0.4)
+    # a decode step reads the weights and every live request's KV: (100 + tokens * 10) / 1000
+    assert two.floor_s == pytest.approx((100 + 14 * 10) / 1000 + (100 + 16 * 10) / 1000)
+    assert one.floor_s == pytest.approx((100 + 10 * 10) / 1000)
+
+
+@pytest.mark.gpu
+def test_gemv_benchmark_times_both_versions():
+    from minisgl.benchmark import gemv
+
+    results = gemv.run([1, 2], layers=2, reps=3)
+    assert [r.rows for r in results] == [1, 2] and all(r.cublas_us > 0 and r.kernel_us > 0 for r in results)

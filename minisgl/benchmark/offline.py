@@ -17,7 +17,7 @@ import argparse
 import gc
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -90,6 +90,35 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, repeats:
     return nbytes / float(np.median(times))
 
 
+@dataclass
+class StepGroup:
+    """Steps of one kind (prefill, or decode of a range of batch sizes) and their time."""
+
+    label: str
+    steps: int
+    seconds: float  # sum of the intervals from each step's launch to the next one's
+    floor_s: Optional[float]  # weights + live KV read once per step at the copy rate (decode only)
+
+
+def time_by_batch_size(trace: Sequence, end: float, weight_bytes: int, kv_bytes_per_token: int, bandwidth: float, width: int = 64) -> List[StepGroup]:
+    """Where a run's wall time went: each step owns the interval from its launch to the next
+    launch (the last one until `end`); decode steps are grouped by batch size in ranges of
+    `width`, each group next to its floor. `trace`: the scheduler's `StepTrace`s of the run."""
+    groups: dict = {}
+    for t, nxt in zip(trace, [*(t.launched_at for t in trace[1:]), end]):
+        if t.phase == "prefill":
+            key, floor = (0, "prefill"), None
+        else:
+            top = -(-len(t.uids) // width) * width
+            key, floor = (top, f"decode, {top - width + 1}-{top} requests"), (weight_bytes + t.kv_tokens * kv_bytes_per_token) / bandwidth
+        g = groups.setdefault(key, StepGroup(key[1], 0, 0.0, None if floor is None else 0.0))
+        g.steps += 1
+        g.seconds += nxt - t.launched_at
+        if floor is not None:
+            g.floor_s += floor
+    return [groups[k] for k in sorted(groups)]
+
+
 # ---- running ------------------------------------------------------------------------------------
 @dataclass
 class OfflineResult:
@@ -99,6 +128,8 @@ class OfflineResult:
     token_ids: List[List[int]]
     prefill_steps: int
     decode_steps: int
+    trace: List = field(default_factory=list, repr=False)  # the run's StepTraces
+    end: float = 0.0  # host clock when the last token was in
 
     @property
     def tokens_per_s(self) -> float:
@@ -112,12 +143,14 @@ def run_workload(llm: LLM, workload: Workload, temperature: float = 0.0) -> Offl
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, params)
     sync(llm)
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    seconds = end - start
     token_ids = [o.token_ids for o in outs]
     for ids, m in zip(token_ids, workload.max_tokens):
         assert len(ids) == m, f"a request produced {len(ids)} tokens instead of {m}"
-    phases = [t.phase for t in llm.trace[first_step:]]
-    return OfflineResult(seconds, sum(len(t) for t in token_ids), workload.input_tokens, token_ids, phases.count("prefill"), phases.count("decode"))
+    trace = llm.trace[first_step:]
+    phases = [t.phase for t in trace]
+    return OfflineResult(seconds, sum(len(t) for t in token_ids), workload.input_tokens, token_ids, phases.count("prefill"), phases.count("decode"), trace, end)
 
 
 def warm_up(llm: LLM, seed: int = 1) -> None:
@@ -186,6 +219,10 @@ def _print_floor(llm: LLM, workload: Workload, result: OfflineResult) -> None:
         f"at {bw / 1e12:.2f} TB/s (measured copy) = {floor:.2f} s, i.e. at most {result.output_tokens / floor:,.0f} output tok/s; "
         f"measured time is {result.seconds / floor:.2f}x the floor"
     )
+    print("where the time went (from each launch to the next; decode steps grouped by batch size, each group against its floor):")
+    for g in time_by_batch_size(result.trace, result.end, weight_bytes, kv_per_token, bw):
+        against = "" if g.floor_s is None else f"  floor {g.floor_s:5.2f} s ({g.seconds / g.floor_s:.2f}x)"
+        print(f"  {g.label:<26} {g.steps:5d} steps {g.seconds:6.2f} s {g.seconds / g.steps * 1e3:7.2f} ms/step{against}")
 
 
 def _compare_hf(llm: LLM, model: str, dummy: bool, workload: Workload, n_generate: int, n_cb: int, full: OfflineResult, temperature: float) -> None:

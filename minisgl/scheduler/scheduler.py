@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -39,6 +40,12 @@ class StepTrace:
     uids: List[int]
     extend_lens: List[int]
     cached_lens: List[int]
+    launched_at: float = field(default_factory=time.perf_counter)  # host clock, seconds
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the step's attention reads: every request's cached and new tokens."""
+        return sum(self.extend_lens) + sum(self.cached_lens)
 
 
 @dataclass
