@@ -26,7 +26,8 @@ def test_engine_and_scheduler_fields_by_name_build_the_same_config_and_transform
     llm = LLM(TINY_LLAMA, dtype=torch.float32, page_size=4, max_running_reqs=2, max_extend_tokens=5,
               schedule_policy="lpm", prefix_cache="radix", overlap=False, check_integrity=True, **SMALL)
     by_hand = SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA), dtype="float32", page_size=4, max_running_reqs=2, **SMALL),
-                              max_extend_tokens=5, schedule_policy="lpm", prefix_cache="radix", overlap=False, check_integrity=True)
+                              max_extend_tokens=5, schedule_policy="lpm", prefix_cache="radix", overlap=False, check_integrity=True,
+                              offline=True)  # what the LLM front end adds: it runs offline
     assert llm.config == by_hand
     prompts = [p for p in prompt_ids(TINY_LLAMA) if len(p) > 5][:3]  # longer than the budget: chunked
     assert generate_ids(llm, prompts, 6) == [hf_greedy(TINY_LLAMA, p, 6) for p in prompts]
@@ -75,3 +76,13 @@ def test_the_overlap_switch_sets_the_default_and_a_keyword_wins(monkeypatch):
     monkeypatch.setattr(scheduler_config_module, "ENV", EnvSwitches(disable_overlap=True))
     assert LLM(TINY_LLAMA, **SMALL).config.overlap is False
     assert LLM(TINY_LLAMA, overlap=True, **SMALL).config.overlap is True
+
+
+def test_the_offline_llm_prefills_in_fuller_steps_than_a_server_on_the_cpu():
+    """Every step reads all the weights: offline, fewer and fuller prefill steps win; a server
+    keeps its steps short, because running streams wait for each one."""
+    llm = LLM(TINY_LLAMA, **SMALL)
+    server = SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA), **SMALL))
+    assert (llm.config.max_extend_tokens, server.max_extend_tokens) == (2048, 256)
+    assert scheduler_config_module.default_extend_budget("cuda", offline=True) == scheduler_config_module.default_extend_budget("cuda") == 8192
+    assert LLM(TINY_LLAMA, max_extend_tokens=16, **SMALL).config.max_extend_tokens == 16  # a choice is kept

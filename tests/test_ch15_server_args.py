@@ -28,7 +28,7 @@ from minisgl.server.args import ServerArgs, ServerConfig, build_parser, parse_ar
 from minisgl.utils.misc import UnknownOptionError, add_config_flags, option_fields
 
 CONFIGS = (EngineConfig, SchedulerConfig, ServerConfig)
-NOT_FLAGS = {"tp_rank"}  # set per process by the tensor-parallel launcher
+NOT_FLAGS = {"tp_rank", "offline"}  # set by the program: the tensor-parallel launcher, the offline LLM
 
 # the flags `python -m minisgl` took before they were generated (README, chapters and tests use them)
 FLAGS_BEFORE = """--model --served-model-name --tokenizer --dummy-weights --host --port --shell --shell-max-tokens

@@ -84,6 +84,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     """The kernel itself, for any dtype Triton takes (`linear` decides when to use it):
     `x @ weight.T + bias`, or with `silu_mul` `silu(x @ gate.T) * (x @ up.T)` for `weight = [gate; up]`."""
     rows, k = x.shape
+    assert weight.shape[1] == k and not (silu_mul and weight.shape[0] % 2), f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     mp = next_pow2(rows)

@@ -48,6 +48,8 @@ class LLM(TensorParallelMixin, Scheduler):
         `UnknownOptionError` (a TypeError) that lists the close matches."""
         if model_path is not None:
             options["model_path"] = str(model_path)
+        if config is None:
+            options.setdefault("offline", True)  # the prefill budget that suits a whole run (config.py)
         config = build_config(SchedulerConfig, options, base=config)
         super().__init__(config)
         from transformers import AutoTokenizer
