@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from minisgl.kernel import gemv
 from minisgl.kernel.activation import silu_and_mul
 
+from .moe import as_graph
+
 # (out features, in features) of Qwen3-0.6B's projections; gate_up is [gate; up]
 QWEN3_0_6B = {"qkv_proj": (4096, 1024), "o_proj": (1024, 2048), "gate_up_proj": (6144, 1024), "down_proj": (1024, 3072)}
 
@@ -34,16 +36,12 @@ class GemvResult:
 
 def replay_us(fn: Callable[[], None], reps: int = 50) -> float:
     """Microseconds per replay of `fn` captured in a CUDA graph (launch costs excluded)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-        fn()
-    graph.replay()
+    replay = as_graph(fn)
+    replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
-        graph.replay()
+        replay()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps * 1e3

@@ -56,7 +56,7 @@ def _time(fn: Callable[[], torch.Tensor], device: torch.device, rounds: int, cal
     return statistics.median(samples)
 
 
-def _as_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+def as_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
     """Capture `fn` (its inputs are fixed tensors) once; the returned function replays it."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -98,7 +98,7 @@ def run(
                 raise AssertionError(f"{name} at {n} tokens is off the float32 reference by {err:.2e} (tolerance {tol})")
             call = lambda: fn(x, w13, w2, weights, ids)  # noqa: E731
             secs = _time(call, device, rounds, calls)
-            graph_secs = _time(_as_graph(call), device, rounds, calls) if name == "triton" else None  # torch syncs
+            graph_secs = _time(as_graph(call), device, rounds, calls) if name == "triton" else None  # torch syncs
             results.append(MoEResult(name, n, secs, graph_secs, read, err))
         line = "  ".join(
             f"{r.backend} {r.seconds * 1e6:8.1f} us" + (f" (graph {r.graph_seconds * 1e6:6.1f} us)" if r.graph_seconds else "") + f" {r.gb_per_s:7.1f} GB/s"
