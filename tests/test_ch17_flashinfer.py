@@ -79,7 +79,7 @@ def _batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[tuple], p
     return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long(), padded_size=len(reqs))
 
 
-def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True):
+def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True, small_decode_max_bs: int = 0):
     from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -94,7 +94,7 @@ def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True
     k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     outs = []
-    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores)):
+    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores, small_decode_max_bs=small_decode_max_bs)):
         backend.prepare_metadata(batch)
         outs.append(torch.stack([backend.forward(q, k, v, layer, batch) for layer in range(2)]))
     return outs
@@ -118,6 +118,25 @@ def test_decode_matches_torch_backend(page_size, tensor_cores):
     want, got = _attention_both(specs, "decode", page_size, tensor_cores)
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_small_decode_batches_take_the_one_launch_kernel_and_match_torch_backend(page_size):
+    from minisgl.attention.flashinfer_backend import SMALL_DECODE_MAX_BS, SmallDecodeMetadata
+
+    specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
+    want, got = _attention_both(specs, "decode", page_size, small_decode_max_bs=len(specs))  # all six through the kernel
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
+
+    kv = MHAKVCache(1, 64, page_size, 8, 128, torch.bfloat16, torch.device("cuda"))
+    table = torch.zeros(3, 64, dtype=torch.int32, device="cuda")
+    backend = FlashInferAttnBackend(kv, table, num_qo_heads=16)
+    batch = _batch(kv, table, [(4, 5), (0, 1)], "decode")
+    assert batch.size <= SMALL_DECODE_MAX_BS  # the default threshold routes it to the kernel
+    backend.prepare_metadata(batch)
+    assert isinstance(batch.attn_metadata, SmallDecodeMetadata) and batch.attn_metadata.kv_lens.tolist() == [5, 1]
 
 
 # ---- through the engine (GPU) -------------------------------------------------------------------

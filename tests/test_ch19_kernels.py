@@ -301,3 +301,121 @@ def test_linear_uses_the_kernel_up_to_gemv_max_rows():
     assert K.gemv_applies(torch.randn(K.GEMV_MAX_ROWS, 128, dtype=torch.bfloat16, device="cuda"), w)
     assert not K.gemv_applies(torch.randn(K.GEMV_MAX_ROWS + 1, 128, dtype=torch.bfloat16, device="cuda"), w)
     assert not K.gemv_applies(torch.randn(1, 128, device="cuda"), w.float())  # float32 keeps cuBLAS
+
+
+# ---- the projection with its RMSNorm inside ----------------------------------------------------
+def _gemv_normed_checks(dtype, device, tol, shapes=((77, 1000, False), (600, 512, True), (64, 3072, False))):
+    """`gemv_normed` against `fused_add_rmsnorm` then the projection: the residual stream it
+    returns is bit-equal to the norm kernel's, the output equal to the dtype's rounding."""
+    for rows in (1, 2):
+        for n, k, silu in shapes:
+            x, w, _ = _gemv_case(rows, n, k, dtype, device, seed=rows + n)
+            r = torch.randn(rows, k).to(dtype).to(device)
+            nw = (1 + torch.randn(k) / 4).to(dtype).to(device)
+            for res in (r, None):  # no residual yet: the first layer
+                got, summed = K.gemv_normed(x, K.PreNorm(nw, 1e-6, res), w, silu_mul=silu)
+                h, want_summed = K.fused_add_rmsnorm(x, res, nw, 1e-6)
+                want = K.linear_silu_and_mul_ref(h, w) if silu else F.linear(h.float(), w.float()).to(dtype)
+                assert torch.equal(summed, want_summed)
+                torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+_GEMV_NORMED_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _gemv_normed_checks
+_gemv_normed_checks(torch.float32, "cpu", 1e-4, shapes=((7, 1100, False), (10, 96, True)))  # small: the interpreter is slow
+print("ok")
+"""
+
+
+def test_gemv_normed_kernel_under_the_triton_interpreter():
+    _interpret(_GEMV_NORMED_INTERPRETED)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_normed_kernel(dtype):
+    _gemv_normed_checks(dtype, "cuda", 2e-2)
+
+
+def test_projection_with_its_norm_equals_norm_then_projection_on_the_cpu():
+    from minisgl.layers.linear import LinearColParallelMerged, LinearReplicated
+
+    cpu = torch.device("cpu")
+    norm = RMSNorm(64, 1e-6, dtype=torch.float32, device=cpu)
+    norm.weight.copy_(torch.randn(64))
+    proj = LinearReplicated(64, 32, dtype=torch.float32, device=cpu)
+    gate_up = LinearColParallelMerged(64, [48, 48], dtype=torch.float32, device=cpu)
+    proj.weight.copy_(torch.randn(32, 64))
+    gate_up.weight.copy_(torch.randn(96, 64))
+    x, r = torch.randn(3, 64), torch.randn(3, 64)
+    h, s = norm.forward_residual(x, r)
+    y, s2 = proj.forward_normed(x, r, norm)
+    assert torch.equal(y, proj(h)) and torch.equal(s2, s)
+    y, s2 = gate_up.forward_normed_silu_and_mul(x, r, norm)
+    assert torch.equal(y, gate_up.forward_silu_and_mul(h)) and torch.equal(s2, s)
+
+
+# ---- decode attention for a few requests -------------------------------------------------------
+def _decode_case(dtype, device, hq=16, hkv=8, d=128, lens=(1, 2, 31, 33, 300, 1025), page_size=1, seed=0):
+    """Requests on rows 0.. of a page table, each with whole pages of random slots, and the
+    reference output over them."""
+    g = torch.Generator().manual_seed(seed)
+    pages = sum(-(-n // page_size) for n in lens) + 4
+    kc = torch.randn(pages * page_size, hkv, d, generator=g).to(dtype).to(device)
+    vc = torch.randn(pages * page_size, hkv, d, generator=g).to(dtype).to(device)
+    table = torch.zeros(len(lens) + 1, max(lens), dtype=torch.int32)
+    free = torch.randperm(pages, generator=g).tolist()
+    for row, n in enumerate(lens):
+        ps = torch.tensor([free.pop() for _ in range(-(-n // page_size))])
+        table[row, :n] = (ps[:, None] * page_size + torch.arange(page_size)).flatten()[:n].to(torch.int32)
+    table = table.to(device)
+    rows = torch.arange(len(lens), dtype=torch.int32, device=device).flip(0).contiguous()  # any row order
+    kv_lens = torch.tensor(lens[::-1], dtype=torch.int32, device=device)
+    q = torch.randn(len(lens), hq, d, generator=g).to(dtype).to(device)
+    return (q, kc, vc, table, rows, kv_lens), K.decode_attention_ref(q, kc, vc, table, rows, kv_lens)
+
+
+def test_decode_attention_ref_is_softmax_attention_over_the_request_slots():
+    (q, kc, vc, table, rows, lens), want = _decode_case(torch.float32, "cpu", hq=4, hkv=2, d=16, lens=(5, 9))
+    for i in range(2):
+        slots = table[rows[i], : lens[i]].long()
+        k = kc[slots].repeat_interleave(2, dim=1).transpose(0, 1)  # [heads, n, d]
+        v = vc[slots].repeat_interleave(2, dim=1).transpose(0, 1)
+        naive = F.scaled_dot_product_attention(q[i][:, None], k, v)[:, 0]
+        torch.testing.assert_close(want[i], naive, atol=1e-5, rtol=1e-5)
+
+
+def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
+    """The kernel against the reference at every split count the engine can pick, twice in a row
+    (the counters must be back at zero), for page sizes 1 and 16."""
+    for page_size in (1, 16):
+        args, want = _decode_case(dtype, device, page_size=page_size, **case)
+        bs, hkv = args[0].shape[0], args[1].shape[1]
+        # room for the most splits there are (a machine with very many SMs)
+        scratch = K.DecodeScratch.for_batches(bs, hkv, args[0].shape[1] // hkv, args[0].shape[2], 1 << 20, args[0].device)
+        for splits in sorted({*splits_to_try, K.decode_splits(bs, hkv, sms), K.decode_splits(1, hkv, sms)}):
+            for _ in range(2):
+                got = K.decode_attention(*args, scratch, splits)
+                torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+            assert int(scratch.count.abs().sum()) == 0
+
+
+_DECODE_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _decode_checks
+_decode_checks(torch.float32, "cpu", 1e-4, sms=8, splits_to_try=(1, 8), hq=4, hkv=2, d=16, lens=(1, 2, 33, 70))  # small: the interpreter is slow
+print("ok")
+"""
+
+
+def test_decode_attention_kernel_under_the_triton_interpreter():
+    _interpret(_DECODE_INTERPRETED)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_attention_kernel(dtype):
+    _decode_checks(dtype, "cuda", 2e-2, torch.cuda.get_device_properties(0).multi_processor_count)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
-from minisgl.kernel import gather_page_indices, store_kv
+from minisgl.kernel import DecodeScratch, decode_attention, decode_splits, gather_page_indices, store_kv
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -36,12 +36,23 @@ _WORKSPACE_BYTES = 256 << 20  # FlashInfer's scratch for split-KV partial result
 # decode step at 256 requests x ~550 keys (7.3-7.6 vs 6.6 ms) and at 16 requests (2.1 vs 1.9 ms),
 # and the same offline throughput within 2%. The CUDA-core kernel stays the default.
 DECODE_TENSOR_CORES = False
+# Up to this many requests a decode step's attention is `minisgl.kernel.decode_attention` (one
+# launch, split and merged in the kernel) instead of FlashInfer's decode kernel and merge: the
+# step is then bound by the launches' latency, not by reading the keys.
+SMALL_DECODE_MAX_BS = 4
 
 
 @dataclass
 class FlashInferMetadata(BaseAttnMetadata):
     wrapper: object  # a planned BatchPrefill/BatchDecode wrapper
     num_pages: int  # pages referenced by the batch (for inspection and tests)
+
+
+@dataclass
+class SmallDecodeMetadata(BaseAttnMetadata):
+    rows: torch.Tensor  # [bs] int32 page-table rows, on the device
+    kv_lens: torch.Tensor  # [bs] int32 keys per request, on the device
+    splits: int  # pieces each request's keys are cut into (see `decode_splits`)
 
 
 @dataclass
@@ -71,6 +82,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         num_qo_heads: Optional[int] = None,
         pad_slot: int = 0,
         decode_tensor_cores: Optional[bool] = None,
+        small_decode_max_bs: int = SMALL_DECODE_MAX_BS,
     ):
         import flashinfer
 
@@ -96,6 +108,9 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._flat = [(kv_cache.k_cache(i), kv_cache.v_cache(i)) for i in range(kv_cache.num_layers)]
         self._paged = [(k.view(-1, ps, h, d), v.view(-1, ps, h, d)) for k, v in self._flat]
         self.workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.small_decode_max_bs = small_decode_max_bs
+        self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self._small_scratch = DecodeScratch.for_batches(small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = self._make_decode_wrapper(None)
         self._graph_wrappers: Dict[int, object] = {}
@@ -146,12 +161,22 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._plan_copied.record()
         return FlashInferMetadata(wrapper, layout.total)
 
+    def _small_decode(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> SmallDecodeMetadata:
+        """Rows and key counts for `decode_attention`, in one copy (into `out`, a graph's buffer, if given)."""
+        bs = len(rows)
+        host = torch.tensor(rows + kv_lens, dtype=torch.int32, pin_memory=True)
+        dev = host.to(self.device, non_blocking=True) if out is None else out[: 2 * bs].copy_(host, non_blocking=True)
+        return SmallDecodeMetadata(dev[:bs], dev[bs:], decode_splits(bs, self.num_kv_heads, self._sms))
+
     def prepare_metadata(self, batch: "Batch") -> None:
         reqs = batch.reqs
         rows = [r.table_idx for r in reqs]
         kv_lens = [r.device_len for r in reqs]
         if batch.is_decode:
-            batch.attn_metadata = self._plan_decode(self.decode_wrapper, rows, kv_lens)
+            if len(rows) <= self.small_decode_max_bs:
+                batch.attn_metadata = self._small_decode(rows, kv_lens)
+            else:
+                batch.attn_metadata = self._plan_decode(self.decode_wrapper, rows, kv_lens)
             return
         layout = self._layout(rows, kv_lens)
         qo_indptr = torch.tensor([0, *itertools.accumulate(r.extend_len for r in reqs)], dtype=torch.int32, pin_memory=True)
@@ -180,7 +205,10 @@ class FlashInferAttnBackend(BaseAttnBackend):
         if k is not None:
             k_flat, v_flat = self._flat[layer_id]
             store_kv(k, v, k_flat, v_flat, batch.out_loc)
-        meta: FlashInferMetadata = batch.attn_metadata
+        meta = batch.attn_metadata
+        if isinstance(meta, SmallDecodeMetadata):
+            k_flat, v_flat = self._flat[layer_id]
+            return decode_attention(q.contiguous(), k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits)
         return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
 
     # ---- CUDA graphs -------------------------------------------------------------------------
@@ -193,7 +221,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._cg_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         # every real page at most once, plus one dummy page per padding request
         self._cg_indices = torch.zeros(self.kv_cache.num_pages + max_bs, dtype=torch.int32, device=self.device)
-        self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list}
+        self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list if bs > self.small_decode_max_bs}
+        self._cg_small = torch.zeros(2 * max_bs, dtype=torch.int32, device=self.device)  # rows, then key counts
 
     def _padded_rows(self, batch: "Batch") -> Tuple[List[int], List[int]]:
         pad = batch.padded_size - batch.size
@@ -203,12 +232,14 @@ class FlashInferAttnBackend(BaseAttnBackend):
         return rows, kv_lens
 
     def prepare_for_capture(self, batch: "Batch") -> None:
-        rows, kv_lens = self._padded_rows(batch)
-        batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)
+        self.prepare_for_replay(batch)
 
     def prepare_for_replay(self, batch: "Batch") -> None:
         rows, kv_lens = self._padded_rows(batch)
-        batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)
+        if batch.padded_size <= self.small_decode_max_bs:
+            batch.attn_metadata = self._small_decode(rows, kv_lens, self._cg_small)
+        else:
+            batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)
 
 
 def flashinfer_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:

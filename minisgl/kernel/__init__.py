@@ -7,7 +7,8 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 """
 
 from .activation import silu_and_mul, silu_and_mul_ref
-from .gemv import GEMV_MAX_ROWS, gemv, gemv_applies, linear, linear_silu_and_mul, linear_silu_and_mul_ref
+from .decode import DecodeScratch, decode_attention, decode_attention_ref, decode_splits
+from .gemv import GEMV_MAX_ROWS, PreNorm, gemv, gemv_applies, gemv_normed, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from .rope import apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
@@ -15,17 +16,23 @@ from .store import store_kv, store_kv_ref
 from .util import triton_available
 
 __all__ = [
+    "DecodeScratch",
     "GEMV_MAX_ROWS",
+    "PreNorm",
     "apply_rope",
     "apply_rope_and_store",
     "apply_rope_and_store_ref",
     "apply_rope_ref",
+    "decode_attention",
+    "decode_attention_ref",
+    "decode_splits",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_ref",
     "gather_page_indices",
     "gather_page_indices_ref",
     "gemv",
     "gemv_applies",
+    "gemv_normed",
     "linear",
     "linear_silu_and_mul",
     "linear_silu_and_mul_ref",

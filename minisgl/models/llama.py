@@ -6,7 +6,7 @@ Weights are named exactly as in the checkpoints so the loader can match them by 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -31,10 +31,12 @@ class Attention(BaseOP):
         self._rotary = rotary
         self._qk_norm = qk_norm
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Attention over `norm(x + residual)`; returns the output and `x + residual`."""
         ctx = get_global_ctx()
         p, d = self.qkv_proj, self.qkv_proj.head_dim
-        q, k, v = self.qkv_proj(x).split([p.num_q_heads * d, p.num_kv_heads * d, p.num_kv_heads * d], dim=-1)
+        qkv, residual = self.qkv_proj.forward_normed(x, residual, norm)  # the norm inside the projection, for few rows
+        q, k, v = qkv.split([p.num_q_heads * d, p.num_kv_heads * d, p.num_kv_heads * d], dim=-1)
         q = q.view(-1, p.num_q_heads, d)  # [tokens, heads, head_dim]
         k = k.view(-1, p.num_kv_heads, d)
         v = v.view(-1, p.num_kv_heads, d)
@@ -47,7 +49,7 @@ class Attention(BaseOP):
         else:  # the backend lets RoPE write k and v into the pool: one kernel for both
             q = self._rotary.forward_and_store(ctx.batch.positions, q, k, v, *dest, ctx.batch.out_loc, norm)
             o = ctx.attn_backend.forward(q, None, None, self.layer_id, ctx.batch)
-        return self.o_proj(o.reshape(len(x), -1))
+        return self.o_proj(o.reshape(len(x), -1)), residual
 
 
 class MLP(BaseOP):
@@ -58,6 +60,11 @@ class MLP(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x))
 
+    def forward_normed(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`forward(norm(x + residual))` and `x + residual`; the norm runs inside gate/up for few rows."""
+        h, residual = self.gate_up_proj.forward_normed_silu_and_mul(x, residual, norm)
+        return self.down_proj(h), residual
+
 
 class DecoderLayer(BaseOP):
     def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool, dtype, device, mlp: Optional[BaseOP] = None):
@@ -66,11 +73,10 @@ class DecoderLayer(BaseOP):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.mlp = mlp if mlp is not None else MLP(cfg, dtype, device)
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]):
-        h, residual = self.input_layernorm.forward_residual(x, residual)
-        h = self.self_attn(h)
-        h, residual = self.post_attention_layernorm.forward_residual(h, residual)
-        return self.mlp(h), residual
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        # pre-norm: each block reads norm(x + residual); the sum is the residual stream
+        h, residual = self.self_attn(x, residual, self.input_layernorm)
+        return self.mlp.forward_normed(h, residual, self.post_attention_layernorm)
 
 
 class DecoderModel(BaseOP):

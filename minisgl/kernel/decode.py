@@ -1,0 +1,159 @@
+"""Decode attention for a few requests: one kernel that splits each request's keys and merges the
+pieces itself.
+
+At batch 1 a decode step's attention is tiny (Qwen3-0.6B, 576 keys: 2.4 MB of K and V per layer,
+half a microsecond at the copy rate) but FlashInfer's paged decode kernel plus its split-KV merge
+kernel took about 10 us a layer on an H200: two launches, each bound by latency. Here the grid is
+(request, KV head, split): every program reads one slice of a request's keys for one KV head (and
+all the query heads that share it, GQA), and writes its partial result (running max, sum of
+exponentials, weighted values) to a scratch buffer. The program that finishes last for a (request,
+KV head), which it learns from an atomic counter, merges the partials and writes the output, so
+there is no second kernel. The counter is back at zero when the kernel ends, ready for the next
+layer and for CUDA graph replays.
+
+Keys are read through the page table (`page_table[row, position]` is a slot of the flat
+`[slots, kv_heads, head_dim]` cache), so any page size works and no page list is built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .util import next_pow2, use_triton
+
+DECODE_BLOCK = 64  # keys per inner step of a program
+DECODE_PROGRAMS_PER_SM = 2
+_MAX_SPLITS = 64
+
+try:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
+                       table_stride, k_stride, v_stride, sm_scale,
+                       HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
+                       SPLITS: tl.constexpr, BT: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        row = tl.load(rows_ptr + b).to(tl.int64)
+        n = tl.load(lens_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, SPLITS), BT) * BT  # whole inner steps per split
+        start = s * chunk
+        end = tl.minimum(start + chunk, n)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        g_ok = g < G
+        head = (b * HKV + h) * G + g  # query heads h*G .. h*G+G-1 of request b
+        q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=g_ok[:, None], other=0.0)
+        m = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([GP], dtype=tl.float32)
+        acc = tl.zeros([GP, D], dtype=tl.float32)
+        for t0 in range(start, end, BT):
+            t = t0 + tl.arange(0, BT)
+            t_ok = t < end
+            slot = tl.load(table_ptr + row * table_stride + t, mask=t_ok, other=0).to(tl.int64)
+            k = tl.load(k_ptr + slot[:, None] * k_stride + h * D + d[None, :], mask=t_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + slot[:, None] * v_stride + h * D + d[None, :], mask=t_ok[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * sm_scale  # [GP, BT], float32
+            scores = tl.where(t_ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            p = tl.exp(scores - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            l = l * alpha + tl.sum(p, axis=1)
+            m = m_new
+        # partials of the G real query rows: [B, HKV, SPLITS, GR, D] and [B, HKV, SPLITS, GR, 2];
+        # an empty split leaves m = -inf, l = 0
+        base = (b * HKV + h) * SPLITS
+        tl.store(part_ptr + ((base + s) * GR + g[:, None]) * D + d[None, :], acc, mask=g_ok[:, None])
+        tl.store(ml_ptr + ((base + s) * GR + g) * 2, m, mask=g_ok)
+        tl.store(ml_ptr + ((base + s) * GR + g) * 2 + 1, l, mask=g_ok)
+        tl.debug_barrier()  # every thread's partials are written before the counter moves
+        done = tl.atomic_add(count_ptr + b * HKV + h, 1, sem="acq_rel")
+        if done == SPLITS - 1:  # the last program of this (request, KV head) merges, all splits at once
+            sp = tl.arange(0, SPLITS)
+            r = tl.arange(0, GR)
+            r_ok = r < G
+            ml_at = ml_ptr + ((base + sp[:, None]) * GR + r[None, :]) * 2  # [SPLITS, GR]
+            ms = tl.load(ml_at, mask=r_ok[None, :], other=0.0, cache_modifier=".cg")
+            ls = tl.load(ml_at + 1, mask=r_ok[None, :], other=0.0, cache_modifier=".cg")
+            parts = tl.load(part_ptr + ((base + sp[:, None, None]) * GR + r[None, :, None]) * D + d[None, None, :],
+                            mask=r_ok[None, :, None], other=0.0, cache_modifier=".cg")  # [SPLITS, GR, D]
+            m_all = tl.max(ms, axis=0)  # finite: split 0 holds at least one key
+            w = tl.exp(ms - m_all[None, :])  # an empty split weighs exp(-inf) = 0
+            o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
+            head_r = (b * HKV + h) * G + r
+            tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+            tl.atomic_xchg(count_ptr + b * HKV + h, 0)  # ready for the next launch
+
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
+    """Splits per (request, KV head), a power of two: about `DECODE_PROGRAMS_PER_SM` programs per SM."""
+    want = max(1, (DECODE_PROGRAMS_PER_SM * num_sms) // max(1, batch_size * num_kv_heads))
+    return min(_MAX_SPLITS, 1 << (want.bit_length() - 1))
+
+
+@dataclass
+class DecodeScratch:
+    """Partial results and counters for `decode_attention`, sized once for a batch-size limit."""
+
+    part: torch.Tensor  # [pieces * kv_heads * next_pow2(group) * head_dim] float32
+    ml: torch.Tensor  # [pieces * kv_heads * next_pow2(group) * 2] float32 (running max, sum)
+    count: torch.Tensor  # [max_bs * kv_heads] int32, zero between launches
+
+    @classmethod
+    def for_batches(cls, max_bs: int, num_kv_heads: int, group: int, head_dim: int, num_sms: int, device: torch.device) -> DecodeScratch:
+        """Room for any batch of up to `max_bs` requests at its `decode_splits`."""
+        pieces = max((bs * decode_splits(bs, num_kv_heads, num_sms) for bs in range(1, max_bs + 1)), default=0)
+        cells = pieces * num_kv_heads * next_pow2(group)
+        return cls(
+            torch.empty(cells * head_dim, dtype=torch.float32, device=device),
+            torch.empty(cells * 2, dtype=torch.float32, device=device),
+            torch.zeros(max_bs * num_kv_heads, dtype=torch.int32, device=device),
+        )
+
+
+def _group_pad(group: int) -> int:
+    return max(16, next_pow2(group))  # tl.dot needs at least 16 rows
+
+
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+    """q `[bs, q_heads, d]`; caches `[slots, kv_heads, d]`; request i attends to the slots
+    `page_table[rows[i], :kv_lens[i]]`. Returns `[bs, q_heads, d]` in q's dtype."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for i, (row, n) in enumerate(zip(rows.tolist(), kv_lens.tolist())):
+        slots = page_table[row, :n].long()
+        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [n, q_heads, d]
+        v = v_cache[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].float(), k) / math.sqrt(q.shape[-1])
+        out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
+                     scratch: DecodeScratch, splits: int) -> torch.Tensor:
+    """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
+    `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`."""
+    if not use_triton(q):
+        return decode_attention_ref(q, k_cache, v_cache, page_table, rows, kv_lens)
+    bs, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    assert hq % hkv == 0 and q.is_contiguous() and k_cache.stride(2) == 1 and k_cache.stride(1) == d and page_table.stride(1) == 1
+    assert scratch.count.numel() >= bs * hkv and scratch.ml.numel() >= bs * hkv * splits * next_pow2(group) * 2
+    out = torch.empty_like(q)
+    _decode_kernel[(bs, hkv, splits)](
+        q, k_cache, v_cache, page_table, rows, kv_lens, scratch.part, scratch.ml, scratch.count, out,
+        page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
+        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=DECODE_BLOCK, num_warps=4,
+    )
+    return out
