@@ -24,6 +24,8 @@ import torch
 
 from .util import next_pow2, use_triton
 
+# Both measured on an H200 (Qwen3-0.6B heads, 1-16 requests): 64 keys a step beat 16 and 32, and two
+# programs per SM beat one at 4,096 keys (12.7 against 14.7 us a layer) and four at the 1-4 requests it serves
 DECODE_BLOCK = 64  # keys per inner step of a program
 DECODE_PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64
