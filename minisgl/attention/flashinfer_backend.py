@@ -108,7 +108,9 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._flat = [(kv_cache.k_cache(i), kv_cache.v_cache(i)) for i in range(kv_cache.num_layers)]
         self._paged = [(k.view(-1, ps, h, d), v.view(-1, ps, h, d)) for k, v in self._flat]
         self.workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self.small_decode_max_bs = small_decode_max_bs
+        # tuned on the GPU at head_dim 128; at 256 a program's key and value tiles would double,
+        # so FlashInfer keeps those models' decode
+        self.small_decode_max_bs = small_decode_max_bs if self.head_dim <= 128 else 0
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._small_scratch = DecodeScratch.for_batches(small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
