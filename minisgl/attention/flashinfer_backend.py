@@ -112,7 +112,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         # so FlashInfer keeps those models' decode
         self.small_decode_max_bs = small_decode_max_bs if self.head_dim <= 128 else 0
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self._small_scratch = DecodeScratch.for_batches(small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device)
+        self._small_scratch = DecodeScratch.for_batches(self.small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = self._make_decode_wrapper(None)
         self._graph_wrappers: Dict[int, object] = {}
@@ -204,12 +204,11 @@ class FlashInferAttnBackend(BaseAttnBackend):
         return self._flat[layer_id]  # the RoPE kernel writes k and v here: one launch per layer fewer
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int, batch: "Batch") -> torch.Tensor:
+        k_flat, v_flat = self._flat[layer_id]
         if k is not None:
-            k_flat, v_flat = self._flat[layer_id]
             store_kv(k, v, k_flat, v_flat, batch.out_loc)
         meta = batch.attn_metadata
         if isinstance(meta, SmallDecodeMetadata):
-            k_flat, v_flat = self._flat[layer_id]
             return decode_attention(q.contiguous(), k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits)
         return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
 

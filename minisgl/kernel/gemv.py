@@ -36,7 +36,6 @@ _BLOCK_N_NORMED = 4
 _MAX_BLOCK_K = 1024  # weight columns per load; a row of K reads in K / 1024 unrolled loads
 
 
-
 @dataclass
 class PreNorm:
     """The RMSNorm before a projection, folded into its kernel: the projection's input is
