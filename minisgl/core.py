@@ -154,6 +154,7 @@ class Req:
     def __post_init__(self) -> None:
         assert self.input_ids.device.type == "cpu" and self.input_ids.dim() == 1
         self.prompt_len = len(self.input_ids)
+        self.reused_len = self.cached_len  # prompt tokens the prefix cache held at admission
         self.device_len = self.prompt_len
         self.max_device_len = self.prompt_len + self.sampling_params.max_tokens
         # room for every token the request can hold: `append_host` writes one, it copies nothing

@@ -134,7 +134,9 @@ def test_decoder_layer_matches_transformers_layer(path):
     engine.attn_backend.prepare_metadata(batch)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         out, residual = engine.model.model.layers[1](x.to(engine.device), None)
-    torch.testing.assert_close((out + residual).cpu(), ref[0], rtol=1e-5, atol=1e-5)
+    # float32 on both sides; on the CPU the engine's projections run through oneDNN and
+    # transformers' through MKL, the same products summed in another order (a few ulps apart)
+    torch.testing.assert_close((out + residual).cpu(), ref[0], rtol=1e-4, atol=5e-5)
 
 
 # ---- errors ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 """
 
 from .activation import silu_and_mul, silu_and_mul_ref
+from .cpu_gemm import cpu_linear
 from .decode import DecodeScratch, decode_attention, decode_attention_ref, decode_splits
 from .gemv import GEMV_MAX_ROWS, PreNorm, gemv, gemv_applies, gemv_normed, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
@@ -23,6 +24,7 @@ __all__ = [
     "apply_rope_and_store",
     "apply_rope_and_store_ref",
     "apply_rope_ref",
+    "cpu_linear",
     "decode_attention",
     "decode_attention_ref",
     "decode_splits",

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .activation import silu_and_mul
+from .cpu_gemm import cpu_linear
 from .util import next_pow2, use_triton
 
 GEMV_MAX_ROWS = 2  # up to this many rows the matrix-vector kernel beats cuBLAS (H200, bf16)
@@ -151,14 +152,15 @@ def gemv_normed(x: torch.Tensor, norm: PreNorm, weight: torch.Tensor, bias: Opti
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`; for up to `GEMV_MAX_ROWS` rows of 16-bit activations on a GPU, the kernel."""
-    if not gemv_applies(x, weight):
-        return F.linear(x, weight, bias)
-    return gemv(x, weight, bias)
+    """`F.linear(x, weight, bias)`; for up to `GEMV_MAX_ROWS` rows of 16-bit activations on a GPU,
+    the kernel; for float32 on the CPU, oneDNN with the weight reordered once (`cpu_gemm`)."""
+    if gemv_applies(x, weight):
+        return gemv(x, weight, bias)
+    return cpu_linear(x, weight, bias)  # F.linear wherever oneDNN's path does not apply
 
 
 def linear_silu_and_mul_ref(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    return silu_and_mul(F.linear(x, gate_up))
+    return silu_and_mul(cpu_linear(x, gate_up))
 
 
 def linear_silu_and_mul(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:

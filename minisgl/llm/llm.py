@@ -110,7 +110,7 @@ class LLM(TensorParallelMixin, Scheduler):
         out = self._outputs[req.uid]
         if token is not None:
             if not out.token_ids:
-                out.cached_tokens = req.cache_handle.cached_len
+                out.cached_tokens = req.reused_len
             out.token_ids.append(token)
             if req.token_logprobs:
                 logprob, top = req.token_logprobs[-1]

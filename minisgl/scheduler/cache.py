@@ -101,6 +101,32 @@ class CacheManager:
             return
         self._free_pages = torch.cat([self._free_pages, self._pages_of(slots)])
 
+    def cache_prompt(self, req: Req) -> None:
+        """Offer the prompt computed so far to the cache while `req` still runs (called when a
+        prefill step is launched), so a request admitted from the next step on reuses it instead
+        of computing it again. The cache takes the whole pages it lacked; where it already held
+        some (another request computed the same tokens), `req` switches to the cache's copy and
+        frees its own. `req` then locks the longer prefix and owns only the pages after it."""
+        ps = self.page_size
+        start = req.cache_handle.cached_len
+        insert_len = align_down(min(req.cached_len, req.prompt_len), ps)
+        if insert_len <= start:
+            return
+        ids = req.input_ids[:insert_len]
+        row = self.page_table[req.table_idx]
+        had = self.prefix_cache.insert_prefix(ids, row[:insert_len])
+        handle, indices = self.prefix_cache.match_prefix(ids)
+        held = handle.cached_len  # what the cache holds of the prompt now (a cache may keep nothing)
+        if held <= start:
+            return
+        dup_end = min(had, held)
+        if dup_end > start:  # another request's copy of [start, dup_end) is the cache's: use it
+            self._release_slots(row[start:dup_end].clone())
+            row[start:dup_end] = indices[start:dup_end].to(row.dtype)
+        self.lock(handle)
+        self.lock(req.cache_handle, unlock=True)
+        req.cache_handle = handle
+
     def release(self, req: Req) -> None:
         """Give back everything `req` holds: offer its computed prefix to the cache, free the rest,
         and drop its lock on the prefix it matched. Called exactly once per request."""

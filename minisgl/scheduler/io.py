@@ -59,7 +59,7 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
     def schedule_next_batch(self) -> Optional[Batch]:
         batch = super().schedule_next_batch()
         for r in batch.reqs if batch is not None and batch.phase == "prefill" else []:
-            if r.cached_len == r.cache_handle.cached_len:  # just admitted (not a later chunk)
+            if r.cached_len == r.reused_len:  # just admitted (not a later chunk)
                 self.prompt_tokens += r.prompt_len
                 self.prefix_hit_tokens += r.cached_len
         return batch

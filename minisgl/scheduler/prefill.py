@@ -1,7 +1,8 @@
 """Admission: which waiting requests join the next prefill batch, and how much of each.
 
 Requests are offered in arrival order (or longest cached prefix first: see SCHEDULE_POLICIES),
-up to the first that does not fit (skipping it would starve long prompts). A request is admitted
+up to the first that does not fit (skipping it would starve long prompts) or that would compute
+again a prefix another prompt of the batch is computing (`SHARED_PREFIX_WAIT`). A request is admitted
 only if a table row is free and the KV pool can hold it to the end (`pages_to_finish`) on top of
 what running requests are already promised, so a running request never runs out of pages. The
 token budget caps one step's prefill; a prompt that does not fit is cut, and its remainder
@@ -16,13 +17,13 @@ long one, while the long one still advances by at least half the budget per pref
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Deque, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Sequence
 
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.utils import div_ceil
+from minisgl.utils import align_up, div_ceil
 
 from .cache import CacheManager
 from .table import TableManager
@@ -36,14 +37,40 @@ class PendingReq:
     seed: int
 
 
+# A waiting prompt that shares at least this many tokens, past what the cache holds of it, with a
+# prompt admitted to the same batch waits for the next step: the scheduler caches every prompt
+# when its prefill is launched (`CacheManager.cache_prompt`), so one step later the shared part
+# is a cache hit instead of being computed twice. Chat prompts share their template this way.
+SHARED_PREFIX_WAIT = 16
+
+
+def _lead(ids: torch.Tensor) -> bytes:
+    return ids[:SHARED_PREFIX_WAIT].numpy().tobytes()
+
+
 @dataclass
 class PrefillAdder:
-    """Fills one prefill batch. `reserved_pages` grows as requests are admitted."""
+    """Fills one prefill batch. `reserved_pages` grows as requests are admitted; `prompts` holds
+    the admitted prompts (as far as this step computes them), keyed by their first tokens."""
 
     token_budget: int
     reserved_pages: int
     table: TableManager
     cache: CacheManager
+    prompts: Dict[bytes, List[torch.Tensor]] = field(default_factory=dict)
+
+    def computes_prefix_of(self, ids: torch.Tensor, cached_len: int) -> bool:
+        """Whether a prompt admitted to this batch computes at least `SHARED_PREFIX_WAIT` tokens of
+        `ids` past `cached_len`, in whole pages (only those can be reused from the cache)."""
+        need = align_up(cached_len + SHARED_PREFIX_WAIT, self.cache.page_size)
+        if need > len(ids) - 1:  # a match leaves the last prompt token to compute
+            return False
+        return any(len(p) >= need and torch.equal(p[:need], ids[:need]) for p in self.prompts.get(_lead(ids), ()))
+
+    def note_admitted(self, req: Req) -> None:
+        if req.device_len >= SHARED_PREFIX_WAIT:
+            ids = req.input_ids[: req.device_len]
+            self.prompts.setdefault(_lead(ids), []).append(ids)
 
     def continue_chunk(self, req: Req, leave: int = 0) -> Req:
         """The next chunk of a half-done prompt: the budget but `leave` tokens, at most its rest."""
@@ -56,6 +83,8 @@ class PrefillAdder:
         if self.table.available_size == 0 or self.token_budget <= 0:
             return None
         handle, indices = self.cache.match(pending.input_ids)
+        if self.computes_prefix_of(pending.input_ids, handle.cached_len):
+            return None  # next step the prefix is cached
         self.cache.lock(handle)
         prompt_len = len(pending.input_ids)
         max_len = prompt_len + pending.sampling_params.max_tokens
@@ -74,6 +103,7 @@ class PrefillAdder:
             self.table.page_table[row, : handle.cached_len] = indices.to(torch.int32)
         self.token_budget -= req.extend_len
         self.reserved_pages += need
+        self.note_admitted(req)
         return req
 
 

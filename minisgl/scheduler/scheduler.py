@@ -220,6 +220,9 @@ class Scheduler:
         sampled = [not r.is_chunk for r in batch.reqs]
         plan = make_sampling_plan(batch.reqs, self.engine.model_config.vocab_size, self.device, self.table.token_pool, self.eos_ids, self.grammar.fill(batch.reqs))
         out = self.engine.forward_batch(batch, plan)  # moves each ledger on
+        if batch.phase == "prefill":  # the next step's admissions may reuse these prompts
+            for r in batch.reqs:
+                self.cache.cache_prompt(r)
         next_tokens = out.tokens
         # the sampled token goes where the next step will read it, without a host round trip
         keep = [i for i, s in enumerate(sampled) if s]
