@@ -63,6 +63,21 @@ def prefix_hit(obs: Obs) -> None:
     _admit_queue(obs, table, cache, 100, 0, [harness.pending(0, list(range(10, 22)) + [5, 6, 7], 3), harness.pending(1, list(range(40, 48)) + [9] * 9, 30)])
 
 
+@case("a prompt sharing 16+ uncached tokens with one already in the batch waits; a cached share does not count", hint=5)
+def shared_prefix_waits(obs: Obs) -> None:
+    table, cache = harness.managers(rows=6, num_pages=96, page_size=2)
+    template = list(range(100, 120))  # 20 tokens, as a chat template would be
+    harness.cache_prefix(cache, list(range(200, 220)))
+    _admit_queue(obs, table, cache, 200, 0, [
+        harness.pending(0, list(range(200, 220)) + [5, 6], 3),  # shares only what the cache holds
+        harness.pending(1, list(range(200, 220)) + [7, 8], 3),
+        harness.pending(2, template + [5, 6, 7], 3),
+        harness.pending(3, template[:10] + [9] * 12, 3),  # 10 shared tokens: too few to wait for
+        harness.pending(4, template + [8, 9], 3),  # would compute the template again: waits
+        harness.pending(5, [3, 4], 3),
+    ])
+
+
 @case("random queues, pools and caches", seeds=4, hint=2)
 def random_queues(obs: Obs, seed: int) -> None:
     rng = random.Random(seed)

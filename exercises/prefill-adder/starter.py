@@ -18,9 +18,10 @@ class PrefillAdder(EnginePrefillAdder):
     def try_admit(self, pending: PendingReq) -> Optional[Req]:
         """Admit `pending` into this batch, or return None (and change nothing) if it does not fit.
 
-        Fits means: a table row is free, some token budget is left, and the KV pool can hold the
-        request to its end on top of `self.reserved_pages`. On success: a `Req` with its matched
-        prefix locked, its row filled, its first chunk sized by the budget; budget and reservation
-        updated.
+        Fits means: a table row is free, some token budget is left, no prompt already in the batch
+        computes what this one could reuse next step (`self.computes_prefix_of`), and the KV pool
+        can hold the request to its end on top of `self.reserved_pages`. On success: a `Req` with
+        its matched prefix locked, its row filled, its first chunk sized by the budget; budget and
+        reservation updated, the prompt noted (`self.note_admitted`).
         """
         raise NotImplementedError("prefill-adder: write PrefillAdder.try_admit")
