@@ -4,7 +4,9 @@ Claims: a stored token sequence is found again by any request that starts with i
 only); a partial match splits an edge; locked paths are never evicted; eviction drops unlocked
 leaves least recently used first; the integrity check really catches a corrupted tree. End to end,
 a prompt sharing a prefix with an earlier request reuses exactly the page-aligned shared part
-and still generates transformers' tokens.
+and still generates transformers' tokens. A prompt enters the cache when its prefill is launched:
+prompts that share an uncached prefix in one batch compute it once (the others wait a step and
+reuse it), and two requests that did compute the same tokens keep one copy.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from helpers import SHARED_PREFIX, SMOLLM2, TINY_QWEN3, build_llm, encode, prompt_ids
 from minisgl.core import SamplingParams
 from minisgl.kvcache import RadixPrefixCache
+from minisgl.scheduler.prefill import SHARED_PREFIX_WAIT
 
 CPU = torch.device("cpu")
 
@@ -212,3 +215,49 @@ def test_eviction_under_pressure_keeps_results_right(hf_refs):
         llm.assert_all_free()
         assert out.token_ids == hf_refs.get(TINY_QWEN3, p, 4)
     assert llm.cache.prefix_cache.size <= 14 * 4
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_prompts_sharing_a_prefix_in_one_batch_compute_it_once(page_size, hf_refs):
+    """Three prompts arrive together sharing 20+ uncached tokens: the first is prefilled alone and
+    cached when launched, the other two wait one step and reuse its whole pages."""
+    llm = build_llm(SMOLLM2, prefix_cache="radix", page_size=page_size)
+    prompts = [encode(SHARED_PREFIX + s) for s in (" she", " he", " they")]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4))
+    llm.assert_all_free()
+    assert [t.uids for t in llm.trace if t.phase == "prefill"] == [[0], [1, 2]]
+    assert outs[0].cached_tokens == 0
+    for p, o in zip(prompts[1:], outs[1:]):
+        shared = _common(prompts[0], p)
+        assert shared >= SHARED_PREFIX_WAIT and o.cached_tokens == min(shared, len(p) - 1) // page_size * page_size
+    assert [o.token_ids for o in outs] == [hf_refs.get(SMOLLM2, p, 4) for p in prompts]
+
+
+def test_with_the_naive_cache_nobody_waits():
+    """Nothing is ever cached, so waiting for another prompt's prefix would only cost a step."""
+    llm = build_llm(TINY_QWEN3, prefix_cache="naive")
+    llm.generate([list(range(10, 40)) + [i] for i in range(3)], SamplingParams(max_tokens=2))
+    llm.assert_all_free()
+    assert [len(t.uids) for t in llm.trace if t.phase == "prefill"] == [3]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_requests_that_computed_the_same_prompt_keep_one_copy(page_size, hf_refs):
+    """Identical prompts shorter than the wait threshold are prefilled side by side. When the step
+    is launched the first one's pages enter the cache; the others find them there, point their
+    rows at them and free their own, so the cache holds one copy and every page has one owner."""
+    llm = build_llm(TINY_QWEN3, prefix_cache="radix", page_size=page_size)
+    prompt = list(range(50, 62))  # 12 tokens: too short to wait for
+    for _ in range(3):
+        llm.add_request(prompt, SamplingParams(max_tokens=4))
+    llm.step()  # the prefill of all three; check_integrity runs after it
+    reqs = list(llm.live.values())
+    assert len(reqs) == 3 and llm.trace[-1].uids == [r.uid for r in reqs]
+    whole = len(prompt) // page_size * page_size
+    assert llm.cache.prefix_cache.size == whole
+    rows = [llm.engine.page_table[r.table_idx, :whole].tolist() for r in reqs]
+    assert rows[0] == rows[1] == rows[2]
+    while not llm.is_idle:
+        llm.step()
+    llm.assert_all_free()
+    assert all(llm.take_output(r.uid).token_ids == hf_refs.get(TINY_QWEN3, prompt, 4) for r in reqs)

@@ -16,6 +16,10 @@ class MatchResult(NamedTuple):
 
 
 class BasePrefixCache(ABC):
+    # False for a cache that stores nothing: then no request waits for another's prefix (it
+    # would never become a hit)
+    keeps_prefixes: bool = True
+
     @abstractmethod
     def match_prefix(self, input_ids: torch.Tensor) -> MatchResult:
         """Longest stored prefix of `input_ids` (whole pages only). Does not lock it."""

@@ -8,6 +8,8 @@ from .base import BaseCacheHandle, BasePrefixCache, MatchResult
 
 
 class NaivePrefixCache(BasePrefixCache):
+    keeps_prefixes = False
+
     def __init__(self, device: torch.device):
         self._empty = torch.empty(0, dtype=torch.int32, device=device)
 

@@ -63,7 +63,7 @@ class PrefillAdder:
         """Whether a prompt admitted to this batch computes at least `SHARED_PREFIX_WAIT` tokens of
         `ids` past `cached_len`, in whole pages (only those can be reused from the cache)."""
         need = align_up(cached_len + SHARED_PREFIX_WAIT, self.cache.page_size)
-        if need > len(ids) - 1:  # a match leaves the last prompt token to compute
+        if need > len(ids) - 1 or not self.cache.prefix_cache.keeps_prefixes:  # a match leaves the last token
             return False
         return any(len(p) >= need and torch.equal(p[:need], ids[:need]) for p in self.prompts.get(_lead(ids), ()))
 
