@@ -31,6 +31,7 @@ class EnvSwitches:
     disable_cuda_graph: bool = field(default=False, metadata=_var("decode steps run eagerly unless a front end asks for CUDA graphs"))
     check_integrity: bool = field(default=False, metadata=_var("check every table row and KV page after each scheduler step (slow)"))
     disable_kernels: bool = field(default=False, metadata=_var("use the PyTorch fallbacks instead of the Triton kernels, even on a GPU"))
+    disable_onednn: bool = field(default=False, metadata=_var("float32 projections on the CPU through F.linear (MKL), not oneDNN: no second copy of the weights, transformers' rounding"))
     triton_interpret: bool = field(default=False, metadata=_var("Triton's own interpreter: the kernels then run on CPU tensors too", "TRITON_INTERPRET"))
     model: str = field(default="", metadata=_var("model directory used when none is given (default: the bundled SmolLM2-135M-Instruct)"))
     tp_timeout: float = field(default=300.0, metadata=_var("seconds a tensor-parallel collective waits for a peer before it fails"))

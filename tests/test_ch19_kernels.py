@@ -3,6 +3,9 @@ layer it replaces) on the CPU; on a GPU each Triton kernel is checked against it
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -419,3 +422,21 @@ def test_decode_attention_kernel_under_the_triton_interpreter():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_attention_kernel(dtype):
     _decode_checks(dtype, "cuda", 2e-2, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def test_cpu_projections_agree_with_f_linear_and_follow_edits_of_the_weight(monkeypatch):
+    """float32 on the CPU goes through oneDNN with the weight reordered once: the same products
+    summed in another order, and a weight edited in place is reordered again, never stale."""
+    cpu_gemm = importlib.import_module("minisgl.kernel.cpu_gemm")
+    torch.manual_seed(0)
+    x, w = torch.randn(32, 576), torch.randn(1536, 576)
+    torch.testing.assert_close(K.cpu_linear(x, w), F.linear(x, w), rtol=1e-5, atol=2e-4)
+    w.mul_(2)  # as a checkpoint load would, in place
+    torch.testing.assert_close(K.cpu_linear(x, w), F.linear(x, w), rtol=1e-5, atol=4e-4)
+    x3 = x.view(4, 8, 576)  # any leading shape
+    torch.testing.assert_close(K.cpu_linear(x3, w), F.linear(x3, w), rtol=1e-5, atol=4e-4)
+    with torch.inference_mode():
+        w_inf = torch.randn(64, 576)  # keeps no version counter: F.linear, bit for bit
+    assert torch.equal(K.cpu_linear(x, w_inf), F.linear(x, w_inf))
+    monkeypatch.setattr(cpu_gemm, "ENV", dataclasses.replace(cpu_gemm.ENV, disable_onednn=True))
+    assert torch.equal(K.cpu_linear(x, w), F.linear(x, w))  # MINISGL_DISABLE_ONEDNN=1

@@ -6,7 +6,8 @@ GFLOP/s). oneDNN's GEMM takes the weight already in its own blocked layout: the 
 each weight once and keeps the copy on the weight tensor, tagged with the tensor's version counter,
 so a weight loaded or edited in place is reordered again. The same LM head then takes 17 ms, and a
 32-request decode step of SmolLM2-135M 0.165 s instead of 0.230 s (RESULTS.md). The price is a
-second copy of every projection's weight in host memory.
+second copy of every projection's weight in host memory; `MINISGL_DISABLE_ONEDNN=1` goes back to
+`F.linear`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from minisgl.env import ENV
 
 _ATTR = "_minisgl_onednn"  # (weight version, reordered weight) kept on the weight tensor
 _ROWS_HINT = 32  # the row count the blocked layout is chosen for; any count runs with it
@@ -32,7 +35,7 @@ def cpu_gemm_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     version counter (the engine's weights are ordinary tensors), one that needs gradients is not
     ours to copy."""
     return (
-        ONEDNN and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+        ONEDNN and not ENV.disable_onednn and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
         and weight.dim() == 2 and not weight.requires_grad and not weight.is_inference()
     )
 
