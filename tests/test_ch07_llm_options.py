@@ -83,6 +83,6 @@ def test_the_offline_llm_prefills_in_fuller_steps_than_a_server_on_the_cpu():
     keeps its steps short, because running streams wait for each one."""
     llm = LLM(TINY_LLAMA, **SMALL)
     server = SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA), **SMALL))
-    assert (llm.config.max_extend_tokens, server.max_extend_tokens) == (2048, 256)
+    assert (llm.config.max_extend_tokens, server.max_extend_tokens) == (4096, 256)
     assert scheduler_config_module.default_extend_budget("cuda", offline=True) == scheduler_config_module.default_extend_budget("cuda") == 8192
     assert LLM(TINY_LLAMA, max_extend_tokens=16, **SMALL).config.max_extend_tokens == 16  # a choice is kept
