@@ -1,4 +1,9 @@
-"""Decode steps of the engine at fixed shapes: wall per step, and the profiler's kernel table."""
+"""Decode steps of the engine at fixed shapes: wall per step, and the profiler's kernel table.
+
+In every run so far the wall time of the 40 steps timed right after the prefill came out about twice
+the kernels' time, which the offline benchmark's own per-step times do not show: read the kernel table,
+and treat that wall figure with suspicion until it is explained.
+"""
 import random, sys, time, collections, torch
 from torch.autograd import DeviceType
 from minisgl.core import SamplingParams
