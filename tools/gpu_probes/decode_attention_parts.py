@@ -1,5 +1,6 @@
 """Each request's keys as P virtual requests (FlashInfer graph-mode decode), then one merge kernel."""
 import random, torch, flashinfer, triton, triton.language as tl
+from _timing import graph_us
 dev = torch.device("cuda"); dt = torch.bfloat16
 HQ, HKV, D = 16, 8, 128
 
@@ -18,18 +19,6 @@ def _merge(o_ptr, lse_ptr, out_ptr, P: tl.constexpr, HQ: tl.constexpr, D: tl.con
         den += w
     tl.store(out_ptr + (r * HQ + h) * D + d, (acc / den).to(out_ptr.dtype.element_ty))
 
-def bench(fn, reps=30):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn(); g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(4): fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
-    g.replay(); e0.record()
-    for _ in range(reps): g.replay()
-    e1.record(); torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / reps / 4
 
 rng = random.Random(0)
 SLOTS = 256 * 1600
@@ -68,7 +57,7 @@ for bs in (64, 96, 128, 160, 192, 224, 256):
         r = fn()
         if ref is None: ref = r.clone()
         err = (r.float() - ref.float()).abs().max().item()
-        us = bench(fn)
+        us = graph_us(fn)
         res.append(f"P={P}: {us:6.1f} us {nbytes/us/1e6:.2f} TB/s err {err:.1e}")
         del ws
     print(f"bs {bs:3d} ({sum(lens)//bs} keys avg): " + " | ".join(res), flush=True)

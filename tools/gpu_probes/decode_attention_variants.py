@@ -3,6 +3,7 @@ CUDA-core decode, tensor-core decode (fa2, fa3), three orders of the slots.  GPU
     python tools/gpu_probes/decode_attention_variants.py
 (The "nosplit" rows pass `disable_split_kv`, which the CUDA-core planner ignores: they repeat the first.)"""
 import time, torch, flashinfer, sys
+from _timing import graph_us
 torch.manual_seed(0)
 dev = torch.device("cuda")
 HQ, HKV, D = 16, 8, 128
@@ -24,20 +25,6 @@ def layout(bs, n, kind, gen_frac=0.4):
         idx = torch.randperm(bs * n)[: bs * n].view(bs, n)
     return idx.to(torch.int32).flatten().to(dev)
 
-def timeit(fn, reps=30):
-    fn(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-        with torch.cuda.graph(g):
-            for _ in range(4): fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
-    e0.record()
-    for _ in range(reps): g.replay()
-    e1.record(); torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / reps / 4
 
 def variants():
     yield "cuda-core", dict(use_tensor_cores=False), {}
@@ -65,10 +52,10 @@ for bs, n in shapes:
                 out = w.run(q, kv)
                 if ref is None: ref = out
                 err = (out.float() - ref.float()).abs().max().item()
-                us = timeit(lambda: w.run(q, kv))
+                us = graph_us(lambda: w.run(q, kv))
                 print(f"{bs:4d} x {n:5d} {kind:7s} {name:18s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s  plan {plan_us:7.0f} us  err {err:.3g}", flush=True)
             except Exception as e:
                 print(f"{bs:4d} x {n:5d} {kind:7s} {name:18s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
 src = torch.empty(2 << 30, dtype=torch.uint8, device=dev); dst = torch.empty_like(src)
-us = timeit(lambda: dst.copy_(src), 10)
+us = graph_us(lambda: dst.copy_(src), reps=10)
 print(f"copy: {2 * src.numel() / us / 1e6:.2f} TB/s")
