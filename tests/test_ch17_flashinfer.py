@@ -5,6 +5,7 @@ end to end through the engine."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -79,7 +80,7 @@ def _batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[tuple], p
     return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long(), padded_size=len(reqs))
 
 
-def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True, small_decode_max_bs: int = 0):
+def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True, small_decode_max_bs: int = 0, **options):
     from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -94,8 +95,9 @@ def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True
     k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     outs = []
-    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores, small_decode_max_bs=small_decode_max_bs)):
+    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores, small_decode_max_bs=small_decode_max_bs, **options)):
         backend.prepare_metadata(batch)
+        _attention_both.last_metadata = batch.attn_metadata
         outs.append(torch.stack([backend.forward(q, k, v, layer, batch) for layer in range(2)]))
     return outs
 
@@ -116,6 +118,20 @@ def test_prefill_matches_torch_backend(page_size):
 def test_decode_matches_torch_backend(page_size, tensor_cores):
     specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
     want, got = _attention_both(specs, "decode", page_size, tensor_cores)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_decode_in_pieces_matches_torch_backend(page_size, tensor_cores):
+    # requests with fewer pages than pieces (one key, two keys) keep one piece per page
+    specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
+    want, got = _attention_both(specs, "decode", page_size, tensor_cores, decode_pieces=4, decode_pieces_min_bs=1)
+    pieces = _attention_both.last_metadata.pieces
+    pages = [-(-n // page_size) for _, n in specs]
+    assert pieces is not None and pieces.part_start.tolist() == [0, *itertools.accumulate(min(4, p) for p in pages)]
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
@@ -179,3 +195,33 @@ def test_engine_logits_match_torch_backend(tmp_path, page_size):
     assert rel_err(got, want) < 3e-2  # bf16 rounding through two layers, nothing more
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert EngineConfig(model_path=model).attention_backend == "auto"
+
+
+def _decode_logits(model: str, prompts, pieces: int, monkeypatch) -> torch.Tensor:
+    """Logits of the first decode step (CUDA graphs on), with each request's keys in `pieces`."""
+    from minisgl.attention import flashinfer_backend
+    from minisgl.llm import LLM
+
+    monkeypatch.setattr(flashinfer_backend, "DECODE_PIECES", pieces)
+    llm = LLM(model, dummy_weights=True, dtype="bfloat16", attention_backend="flashinfer", max_running_reqs=len(prompts), num_pages=1 << 16, max_extend_tokens=1 << 16)  # one prefill step, then one decode step of all
+    assert llm.engine.graph_runner is not None
+    seen = []
+    sample = llm.engine.sampler.sample
+    llm.engine.sampler.sample = lambda logits, args: (seen.append(logits.float().clone()), sample(logits, args))[1]
+    llm.generate(prompts, SamplingParams(max_tokens=2))
+    llm.shutdown()
+    return seen[-1]  # the decode step: every request at once, through a captured graph
+
+
+@gpu
+def test_many_requests_decode_in_pieces_through_graphs_like_whole_requests(tmp_path, monkeypatch):
+    from minisgl.attention.flashinfer_backend import DECODE_PIECES_MIN_BS
+
+    model = small_qwen3(tmp_path)
+    rng = random.Random(1)
+    prompts = [[rng.randint(0, 2000) for _ in range(rng.choice([1, 2, 3, 50, 400]))] for _ in range(DECODE_PIECES_MIN_BS + 5)]
+    want = _decode_logits(model, prompts, 1, monkeypatch)
+    got = _decode_logits(model, prompts, 4, monkeypatch)
+    assert got.shape == (len(prompts), 2048) and not torch.isnan(got).any()
+    assert rel_err(got, want) < 1e-2  # bf16 rounding of the merge, nothing more
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95

@@ -4,6 +4,7 @@ layer it replaces) on the CPU; on a GPU each Triton kernel is checked against it
 from __future__ import annotations
 
 import dataclasses
+import math
 import importlib
 
 import pytest
@@ -422,6 +423,53 @@ def test_decode_attention_kernel_under_the_triton_interpreter():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_attention_kernel(dtype):
     _decode_checks(dtype, "cuda", 2e-2, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _pieces_case(dtype, device, lens=(1, 5, 9, 300), pieces=(1, 2, 3, 4), heads=4, d=32):
+    """Attention of each request over all its keys, and over consecutive pieces of them (output
+    and base-2 log-sum-exp per piece, as FlashInfer returns them), plus one padding row."""
+    torch.manual_seed(0)
+    outs, lses, starts, want = [], [], [0], []
+    for n, p in zip(lens, pieces):
+        q, k, v = torch.randn(heads, d), torch.randn(n, heads, d), torch.randn(n, heads, d)
+        scores = torch.einsum("hd,nhd->hn", q, k) / math.sqrt(d)
+        want.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), v))
+        cuts = [j * n // p for j in range(p + 1)]
+        for a, b in zip(cuts, cuts[1:]):
+            outs.append(torch.einsum("hn,nhd->hd", scores[:, a:b].softmax(-1), v[a:b]))
+            lses.append(torch.logsumexp(scores[:, a:b], -1) / math.log(2))
+        starts.append(starts[-1] + p)
+    o = torch.stack([*outs, torch.randn(heads, d)]).to(device, dtype)  # the last row pads: never read
+    lse = torch.stack([*lses, torch.randn(heads)]).to(device)
+    return (o, lse, torch.tensor(starts, dtype=torch.int32, device=device)), torch.stack(want).to(device)
+
+
+def test_merged_pieces_are_attention_over_all_the_keys():
+    (o, lse, part_start), want = _pieces_case(torch.float32, "cpu")
+    torch.testing.assert_close(K.merge_pieces_ref(o, lse, part_start), want, atol=1e-5, rtol=1e-5)
+
+
+_MERGE_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _pieces_case
+from minisgl import kernel as K
+(o, lse, part_start), want = _pieces_case(torch.float32, "cpu")
+torch.testing.assert_close(K.merge_pieces(o, lse, part_start), want, atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+
+def test_merge_pieces_kernel_under_the_triton_interpreter():
+    _interpret(_MERGE_INTERPRETED)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_pieces_kernel(dtype):
+    (o, lse, part_start), want = _pieces_case(dtype, "cuda", d=128, heads=16)
+    torch.testing.assert_close(K.merge_pieces(o, lse, part_start).float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(K.merge_pieces(o, lse, part_start), K.merge_pieces_ref(o, lse, part_start), atol=1e-2, rtol=1e-2)
 
 
 def test_cpu_projections_agree_with_f_linear_and_follow_edits_of_the_weight(monkeypatch):

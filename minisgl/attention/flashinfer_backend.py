@@ -18,9 +18,10 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
-from minisgl.kernel import DecodeScratch, decode_attention, decode_splits, gather_page_indices, store_kv
+from minisgl.kernel import DecodeScratch, decode_attention, decode_splits, gather_page_indices, merge_pieces, store_kv
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -40,12 +41,31 @@ DECODE_TENSOR_CORES = False
 # launch, split and merged in the kernel) instead of FlashInfer's decode kernel and merge: the
 # step is then bound by the launches' latency, not by reading the keys.
 SMALL_DECODE_MAX_BS = 4
+# From this many requests a decode step gives FlashInfer each request's keys as up to DECODE_PIECES
+# consecutive pieces, each attended to as a request of its own, and `merge_pieces` joins them. Planned
+# for CUDA graphs, FlashInfer's decode splits the keys itself below one wave of its grid (about 149
+# requests at 8 KV heads on an H200), merging in a second kernel even where nothing needed splitting;
+# above it, one program holds all of a request's keys for a KV head and the grid's last wave runs
+# part-empty. In pieces, attention alone was 5-9% faster from 96 requests up, slower at 64, and the
+# offline workload's decode steps of 65-192 requests 5-6% shorter (minisgl/benchmark/RESULTS.md,
+# "Keys in pieces, kept; projections of 3-256 rows, not").
+DECODE_PIECES = 4
+DECODE_PIECES_MIN_BS = 96
+
+
+@dataclass
+class KeyPieces:
+    """A decode batch whose keys FlashInfer sees as pieces, one query row each, on the device."""
+
+    owner: torch.Tensor  # [pieces] int32: the request whose query each piece uses
+    part_start: torch.Tensor  # [bs + 1] int32: request r's pieces are part_start[r] : part_start[r + 1]
 
 
 @dataclass
 class FlashInferMetadata(BaseAttnMetadata):
     wrapper: object  # a planned BatchPrefill/BatchDecode wrapper
     num_pages: int  # pages referenced by the batch (for inspection and tests)
+    pieces: Optional[KeyPieces] = None  # decode of many requests: merge the pieces after the run
 
 
 @dataclass
@@ -83,6 +103,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         pad_slot: int = 0,
         decode_tensor_cores: Optional[bool] = None,
         small_decode_max_bs: int = SMALL_DECODE_MAX_BS,
+        decode_pieces: Optional[int] = None,
+        decode_pieces_min_bs: Optional[int] = None,
     ):
         import flashinfer
 
@@ -103,6 +125,9 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.dummy_row = page_table.shape[0] - 1  # padding requests read this row: the dummy page
         self.pad_slot = pad_slot
         self.decode_tensor_cores = DECODE_TENSOR_CORES if decode_tensor_cores is None else decode_tensor_cores
+        self.decode_pieces = DECODE_PIECES if decode_pieces is None else decode_pieces  # 1: whole requests
+        self.decode_pieces_min_bs = DECODE_PIECES_MIN_BS if decode_pieces_min_bs is None else decode_pieces_min_bs
+        self.dummy_page = pad_slot // kv_cache.page_size  # what padding requests and empty pieces read
         ps, h, d = self.page_size, self.num_kv_heads, self.head_dim
         # per layer: the flat [slots, heads, dim] views we write to, the paged views FlashInfer reads
         self._flat = [(kv_cache.k_cache(i), kv_cache.v_cache(i)) for i in range(kv_cache.num_layers)]
@@ -124,15 +149,20 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def _make_decode_wrapper(self, graph_bs: Optional[int]):
         kwargs = {}
         if graph_bs is not None:
+            n = graph_bs * self._pieces_for(graph_bs)  # the requests FlashInfer sees: pieces, if cut
             kwargs = dict(
                 use_cuda_graph=True,
-                paged_kv_indptr_buffer=self._cg_indptr[: graph_bs + 1],
+                paged_kv_indptr_buffer=self._cg_indptr[: n + 1],
                 paged_kv_indices_buffer=self._cg_indices,
-                paged_kv_last_page_len_buffer=self._cg_last_page_len[:graph_bs],
+                paged_kv_last_page_len_buffer=self._cg_last_page_len[:n],
             )
         return self._fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores, **kwargs)
 
-    def _layout(self, rows: List[int], kv_lens: List[int]) -> PageLayout:
+    def _pieces_for(self, bs: int) -> int:
+        return self.decode_pieces if bs >= self.decode_pieces_min_bs else 1
+
+    def _layout(self, rows: List[int], kv_lens: List[int], extra: int = 0) -> PageLayout:
+        """The batch's page list; `extra` more entries at its end read the dummy page."""
         ps = self.page_size
         indptr, last = page_layout(kv_lens, ps)
         bs = len(rows)
@@ -143,16 +173,46 @@ class FlashInferAttnBackend(BaseAttnBackend):
         dev = host.to(self.device, non_blocking=True)
         total = indptr[-1]
         max_pages = max(b - a for a, b in zip(indptr, indptr[1:]))
-        indices = gather_page_indices(self.page_table, dev[2 * bs + 1 + gap :], dev[: bs + 1], ps, total, max_pages)
+        indices = torch.empty(total + extra, dtype=torch.int32, device=self.device)
+        gather_page_indices(self.page_table, dev[2 * bs + 1 + gap :], dev[: bs + 1], ps, total, max_pages, out=indices)
+        if extra:
+            indices[total:] = self.dummy_page
         return PageLayout(host[: bs + 1], host[bs + 1 : 2 * bs + 1], indices, total)
 
-    def _plan_decode(self, wrapper, rows: List[int], kv_lens: List[int]) -> FlashInferMetadata:
-        layout = self._layout(rows, kv_lens)
+    def _cut_into_pieces(self, layout: PageLayout, pieces: int, fill_to: int, out: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, KeyPieces]:
+        """FlashInfer's view of the batch with request i's pages cut into min(pieces, pages) runs of
+        near-equal length, in order (the page list itself is unchanged), then padding pieces of one
+        dummy page up to `fill_to` (a graph's fixed size). Returns the pieces' indptr and last-page
+        fill (host) and, on the device (in `out`, a graph's buffer, if given), who owns each piece."""
+        pages = np.diff(layout.indptr_host.numpy())
+        bs = len(pages)
+        count = np.minimum(pieces, pages)  # a piece holds at least one page
+        first = np.cumsum(count) - count
+        owner = np.repeat(np.arange(bs), count)
+        j = np.arange(len(owner)) - first[owner]  # piece number within its request
+        size = (j + 1) * pages[owner] // count[owner] - j * pages[owner] // count[owner]
+        last = np.where(j == count[owner] - 1, layout.last_page_len_host.numpy()[owner], self.page_size)
+        pad = fill_to - len(owner)
+        assert pad >= 0, f"{len(owner)} pieces for a wrapper of {fill_to}"
+        size, last, owner = (np.concatenate([a, np.full(pad, v)]) for a, v in ((size, 1), (last, 1), (owner, 0)))
+        indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(size)]).astype(np.int32))
+        host = torch.from_numpy(np.concatenate([owner, [0], np.cumsum(count)]).astype(np.int32)).pin_memory()
+        dev = host.to(self.device, non_blocking=True) if out is None else out[: len(host)].copy_(host, non_blocking=True)
+        n = len(owner)
+        return indptr, torch.from_numpy(last.astype(np.int32)), KeyPieces(dev[:n], dev[n:])
+
+    def _plan_decode(self, wrapper, rows: List[int], kv_lens: List[int], fill_to: int = 0, out: Optional[torch.Tensor] = None) -> FlashInferMetadata:
+        pieces = self._pieces_for(len(rows))
+        fill_to = fill_to or pieces * len(rows)  # eager: no padding pieces beyond what empties need
+        layout = self._layout(rows, kv_lens, extra=fill_to - len(rows) if pieces > 1 else 0)
+        indptr, last, split = layout.indptr_host, layout.last_page_len_host, None
+        if pieces > 1:
+            indptr, last, split = self._cut_into_pieces(layout, pieces, fill_to, out)
         self._plan_copied.synchronize()
         wrapper.plan(
-            layout.indptr_host,
+            indptr,
             layout.indices,
-            layout.last_page_len_host,
+            last,
             self.num_qo_heads,
             self.num_kv_heads,
             self.head_dim,
@@ -161,7 +221,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
             kv_data_type=self.dtype,
         )
         self._plan_copied.record()
-        return FlashInferMetadata(wrapper, layout.total)
+        return FlashInferMetadata(wrapper, layout.total, split)
 
     def _small_decode(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> SmallDecodeMetadata:
         """Rows and key counts for `decode_attention`, in one copy (into `out`, a graph's buffer, if given)."""
@@ -210,7 +270,11 @@ class FlashInferAttnBackend(BaseAttnBackend):
         meta = batch.attn_metadata
         if isinstance(meta, SmallDecodeMetadata):
             return decode_attention(q.contiguous(), k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits)
-        return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
+        if meta.pieces is None:
+            return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
+        # a query row per piece, then one merge: each request's pieces are consecutive rows
+        parts, lse = meta.wrapper.run(q.index_select(0, meta.pieces.owner), self._paged[layer_id], return_lse=True)
+        return merge_pieces(parts, lse, meta.pieces.part_start)
 
     # ---- CUDA graphs -------------------------------------------------------------------------
     def supports_cuda_graph(self) -> bool:
@@ -218,10 +282,12 @@ class FlashInferAttnBackend(BaseAttnBackend):
 
     def init_capture_graph(self, max_bs: int, bs_list: List[int]) -> None:
         """Fixed buffers shared by one decode wrapper per captured batch size."""
-        self._cg_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
-        self._cg_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
-        # every real page at most once, plus one dummy page per padding request
-        self._cg_indices = torch.zeros(self.kv_cache.num_pages + max_bs, dtype=torch.int32, device=self.device)
+        most = max_bs * max(self._pieces_for(bs) for bs in bs_list)  # requests or pieces FlashInfer sees
+        self._cg_indptr = torch.zeros(most + 1, dtype=torch.int32, device=self.device)
+        self._cg_last_page_len = torch.ones(most, dtype=torch.int32, device=self.device)
+        # every real page at most once, plus one dummy page per padding request or padding piece
+        self._cg_indices = torch.zeros(self.kv_cache.num_pages + most, dtype=torch.int32, device=self.device)
+        self._cg_pieces = torch.zeros(most + max_bs + 1, dtype=torch.int32, device=self.device)  # owners, then part_start
         self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list if bs > self.small_decode_max_bs}
         self._cg_small = torch.zeros(2 * max_bs, dtype=torch.int32, device=self.device)  # rows, then key counts
 
@@ -240,7 +306,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         if batch.padded_size <= self.small_decode_max_bs:
             batch.attn_metadata = self._small_decode(rows, kv_lens, self._cg_small)
         else:
-            batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)
+            bs = batch.padded_size
+            batch.attn_metadata = self._plan_decode(self._graph_wrappers[bs], rows, kv_lens, bs * self._pieces_for(bs), self._cg_pieces)
 
 
 def flashinfer_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:

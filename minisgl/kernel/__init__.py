@@ -8,7 +8,7 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 
 from .activation import silu_and_mul, silu_and_mul_ref
 from .cpu_gemm import cpu_linear
-from .decode import DecodeScratch, decode_attention, decode_attention_ref, decode_splits
+from .decode import DecodeScratch, decode_attention, decode_attention_ref, decode_splits, merge_pieces, merge_pieces_ref
 from .gemv import GEMV_MAX_ROWS, PreNorm, gemv, gemv_applies, gemv_normed, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
@@ -38,6 +38,8 @@ __all__ = [
     "linear",
     "linear_silu_and_mul",
     "linear_silu_and_mul_ref",
+    "merge_pieces",
+    "merge_pieces_ref",
     "rmsnorm",
     "rmsnorm_ref",
     "silu_and_mul",

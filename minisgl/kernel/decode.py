@@ -93,6 +93,25 @@ try:
             tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
             tl.atomic_xchg(count_ptr + b * HKV + h, 0)  # ready for the next launch
 
+    @triton.jit
+    def _merge_pieces_kernel(o_ptr, lse_ptr, start_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr):
+        # program (request r, query head h): the pieces part_start[r] .. part_start[r + 1] - 1
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        first = tl.load(start_ptr + r)
+        end = tl.load(start_ptr + r + 1)
+        d = tl.arange(0, D)
+        m = tl.load(lse_ptr + first * H + h)
+        for p in range(first + 1, end):
+            m = tl.maximum(m, tl.load(lse_ptr + p * H + h))
+        acc = tl.zeros([D], dtype=tl.float32)
+        total = tl.zeros([D], dtype=tl.float32)  # the same sum in every lane: no scalar changes type in the loop
+        for p in range(first, end):
+            w = tl.exp2(tl.load(lse_ptr + p * H + h) - m)
+            acc += w * tl.load(o_ptr + (p * H + h) * D + d).to(tl.float32)
+            total += w
+        tl.store(out_ptr + (r * H + h) * D + d, (acc / total).to(out_ptr.dtype.element_ty))
+
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -158,4 +177,36 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
         HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=DECODE_BLOCK, num_warps=4,
     )
+    return out
+
+
+# ---- pieces of a request's keys, merged ------------------------------------------------------------
+def merge_pieces_ref(o: torch.Tensor, lse: torch.Tensor, part_start: torch.Tensor) -> torch.Tensor:
+    """Attention over all of a request's keys from attention over consecutive pieces of them.
+
+    o `[pieces, heads, d]`: each piece's softmax-weighted values; lse `[pieces, heads]` float32: the
+    base-2 log of each piece's sum of exponentiated scores (FlashInfer's `return_lse`); part_start
+    `[bs + 1]` int32: request r's pieces are rows `part_start[r] : part_start[r + 1]` (at least one).
+    Rows after `part_start[-1]` are ignored. Returns `[bs, heads, d]` in o's dtype."""
+    starts = part_start.long()
+    counts = starts[1:] - starts[:-1]
+    bs, n = len(counts), int(starts[-1])
+    owner = torch.repeat_interleave(torch.arange(bs, device=o.device), counts, output_size=n)
+    lse = lse[:n].float()
+    top = torch.full((bs, lse.shape[1]), float("-inf"), device=o.device).scatter_reduce(0, owner[:, None].expand_as(lse), lse, "amax")
+    w = torch.exp2(lse - top[owner])  # each piece's share, up to the common factor 2 ** top
+    num = torch.zeros(bs, *o.shape[1:], device=o.device).index_add_(0, owner, w[..., None] * o[:n].float())
+    den = torch.zeros(bs, lse.shape[1], device=o.device).index_add_(0, owner, w)
+    return (num / den[..., None]).to(o.dtype)
+
+
+def merge_pieces(o: torch.Tensor, lse: torch.Tensor, part_start: torch.Tensor) -> torch.Tensor:
+    """`merge_pieces_ref` in one launch (a program per request and query head); part_start on o's device."""
+    if not use_triton(o):
+        return merge_pieces_ref(o, lse, part_start)
+    _, h, d = o.shape
+    assert o.is_contiguous() and lse.is_contiguous() and lse.dtype == torch.float32 and d == next_pow2(d)
+    bs = part_start.numel() - 1
+    out = torch.empty(bs, h, d, dtype=o.dtype, device=o.device)
+    _merge_pieces_kernel[(bs, h)](o, lse, part_start, out, H=h, D=d, num_warps=1)
     return out
