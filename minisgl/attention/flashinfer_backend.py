@@ -35,7 +35,7 @@ _WORKSPACE_BYTES = 256 << 20  # FlashInfer's scratch for split-KV partial result
 # CUDA-core decode kernel, Qwen3-0.6B shape (2 query heads per KV head) on an H200: 10% faster
 # attention alone at 256 requests x ~1100 keys (307 vs 336 us per layer), but a slower whole
 # decode step at 256 requests x ~550 keys (7.3-7.6 vs 6.6 ms) and at 16 requests (2.1 vs 1.9 ms),
-# and the same offline throughput within 2%. The CUDA-core kernel stays the default.
+# and, with the keys in pieces (below), a 24% slower offline workload. CUDA cores stay the default.
 DECODE_TENSOR_CORES = False
 # Up to this many requests a decode step's attention is `minisgl.kernel.decode_attention` (one
 # launch, split and merged in the kernel) instead of FlashInfer's decode kernel and merge: the
