@@ -19,7 +19,7 @@ SHAPES = {"qkv": (4096, 1024, False, True), "o": (1024, 2048, False, False),
 
 
 def tiles(rows, n, k):
-    n = n // 2 if n == 6144 else n
+    """Candidate tiles for `rows` x `n` outputs (features of the result, not weight rows) over `k`."""
     for bn, bm, bk, split in itertools.product((32, 64, 128), sorted({row_block(rows, c) for c in (32, 64, 128)}), (64, 128), (1, 2, 3, 4, 6, 8, 12, 16)):
         chunk = -(-(-(-k // split)) // bk) * bk
         if chunk * (split - 1) >= k:
@@ -75,7 +75,7 @@ def main():
         for name in names:
             n, k, silu, norm = SHAPES[name]
             for rows in rows_list:
-                for t in tiles(rows, n, k):
+                for t in tiles(rows, n // 2 if silu else n, k):
                     keys[((silu, norm), t.bn, t.bm, t.bk, t.split == 1, t.warps)] = (name, t)
         with mp.get_context("spawn").Pool(a.prewarm) as pool:
             bad = [r for r in pool.map(_warm, list(keys.values())) if r]
@@ -93,7 +93,7 @@ def main():
             want = today(name, x, ws[:1], res, nw)[0].float()
             base = graph_us(lambda: today(name, x, ws, res, nw), inner=1, reps=20) / LAYERS
             found = []
-            for t in tiles(rows, n, k):
+            for t in tiles(rows, n // 2 if silu else n, k):
                 try:
                     got = run(name, t, x, ws[:1], res, nw)[0].float()
                 except Exception:
