@@ -81,6 +81,8 @@ def _batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[tuple], p
 
 
 def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True, small_decode_max_bs: int = 0, **options):
+    """The torch backend's and the FlashInfer backend's outputs over two layers, and the metadata
+    FlashInfer planned for the batch."""
     from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -97,9 +99,8 @@ def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True
     outs = []
     for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores, small_decode_max_bs=small_decode_max_bs, **options)):
         backend.prepare_metadata(batch)
-        _attention_both.last_metadata = batch.attn_metadata
         outs.append(torch.stack([backend.forward(q, k, v, layer, batch) for layer in range(2)]))
-    return outs
+    return outs[0], outs[1], batch.attn_metadata
 
 
 @gpu
@@ -107,7 +108,7 @@ def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True
 def test_prefill_matches_torch_backend(page_size):
     # fresh prompts, a cached prefix (radix hit or a later chunk), lengths off the page grid
     specs = [(0, 1), (0, 37), (16, 200), (48, 49), (0, 513)]
-    want, got = _attention_both(specs, "prefill", page_size)
+    want, got, _ = _attention_both(specs, "prefill", page_size)
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
@@ -117,7 +118,7 @@ def test_prefill_matches_torch_backend(page_size):
 @pytest.mark.parametrize("tensor_cores", [True, False])
 def test_decode_matches_torch_backend(page_size, tensor_cores):
     specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
-    want, got = _attention_both(specs, "decode", page_size, tensor_cores)
+    want, got, _ = _attention_both(specs, "decode", page_size, tensor_cores)
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
@@ -128,8 +129,8 @@ def test_decode_matches_torch_backend(page_size, tensor_cores):
 def test_decode_in_pieces_matches_torch_backend(page_size, tensor_cores):
     # requests with fewer pages than pieces (one key, two keys) keep one piece per page
     specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
-    want, got = _attention_both(specs, "decode", page_size, tensor_cores, decode_pieces=4, decode_pieces_min_bs=1)
-    pieces = _attention_both.last_metadata.pieces
+    want, got, meta = _attention_both(specs, "decode", page_size, tensor_cores, decode_pieces=4, decode_pieces_min_bs=1)
+    pieces = meta.pieces
     pages = [-(-n // page_size) for _, n in specs]
     assert pieces is not None and pieces.part_start.tolist() == [0, *itertools.accumulate(min(4, p) for p in pages)]
     assert not torch.isnan(got).any()
@@ -142,7 +143,7 @@ def test_small_decode_batches_take_the_one_launch_kernel_and_match_torch_backend
     from minisgl.attention.flashinfer_backend import SMALL_DECODE_MAX_BS, SmallDecodeMetadata
 
     specs = [(n - 1, n) for n in (1, 2, 16, 17, 300, 1025)]
-    want, got = _attention_both(specs, "decode", page_size, small_decode_max_bs=len(specs))  # all six through the kernel
+    want, got, _ = _attention_both(specs, "decode", page_size, small_decode_max_bs=len(specs))  # all six through the kernel
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
 
