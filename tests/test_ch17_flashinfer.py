@@ -88,7 +88,8 @@ def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True
 
     torch.manual_seed(0)
     hq, hkv, d = 16, 8, 128
-    kv = MHAKVCache(2, 4096 // page_size, page_size, hkv, d, torch.bfloat16, torch.device("cuda"))
+    pages = max(4096 // page_size, sum(-(-n // page_size) for _, n in specs) + 1)  # every request's pages, and the dummy page
+    kv = MHAKVCache(2, pages, page_size, hkv, d, torch.bfloat16, torch.device("cuda"))
     kv.buffer.normal_()
     table = torch.zeros(len(specs) + 1, 2048, dtype=torch.int32, device="cuda")
     batch = _batch(kv, table, specs, phase)
@@ -159,6 +160,18 @@ def test_small_decode_batches_take_the_one_launch_kernel_and_match_torch_backend
     assert isinstance(batch.attn_metadata, SmallDecodeMetadata) and batch.attn_metadata.kv_lens.tolist() == [5, 1]
 
 
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_large_decode_batches_take_the_kernel_and_match_torch_backend(page_size):
+    from minisgl.attention.flashinfer_backend import LARGE_DECODE_MIN_BS, LARGE_DECODE_SPLITS, SmallDecodeMetadata
+
+    rng = random.Random(2)
+    specs = [(n - 1, n) for n in [1, 2, 3, 1500] + [rng.randint(1, 900) for _ in range(LARGE_DECODE_MIN_BS - 4)]]
+    want, got, meta = _attention_both(specs, "decode", page_size)
+    assert isinstance(meta, SmallDecodeMetadata) and meta.large and meta.splits == LARGE_DECODE_SPLITS
+    _assert_matches_torch(want, got)
+
+
 # ---- through the engine (GPU) -------------------------------------------------------------------
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
@@ -221,6 +234,9 @@ def _decode_logits(model: str, prompts, pieces: int, monkeypatch) -> torch.Tenso
 def test_many_requests_decode_in_pieces_through_graphs_like_whole_requests(tmp_path, monkeypatch):
     from minisgl.attention.flashinfer_backend import DECODE_PIECES_MIN_BS
 
+    from minisgl.attention import flashinfer_backend
+
+    monkeypatch.setattr(flashinfer_backend, "LARGE_DECODE_MIN_BS", 1 << 30)  # FlashInfer's decode, as at head_dim 256
     model = small_qwen3(tmp_path)
     rng = random.Random(1)
     prompts = [[rng.randint(0, 2000) for _ in range(rng.choice([1, 2, 3, 50, 400]))] for _ in range(DECODE_PIECES_MIN_BS + 5)]
@@ -228,4 +244,19 @@ def test_many_requests_decode_in_pieces_through_graphs_like_whole_requests(tmp_p
     got = _decode_logits(model, prompts, 4, monkeypatch)
     assert got.shape == (len(prompts), 2048) and not torch.isnan(got).any()
     assert rel_err(got, want) < 1e-2  # bf16 rounding of the merge, nothing more
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+
+
+@gpu
+def test_many_requests_decode_through_the_kernel_in_graphs_like_flashinfer(tmp_path, monkeypatch):
+    from minisgl.attention import flashinfer_backend
+
+    model = small_qwen3(tmp_path)
+    rng = random.Random(3)
+    prompts = [[rng.randint(0, 2000) for _ in range(rng.choice([1, 2, 3, 50, 400, 1200]))] for _ in range(flashinfer_backend.LARGE_DECODE_MIN_BS + 37)]
+    got = _decode_logits(model, prompts, flashinfer_backend.DECODE_PIECES, monkeypatch)
+    monkeypatch.setattr(flashinfer_backend, "LARGE_DECODE_MIN_BS", 1 << 30)  # FlashInfer's decode, in pieces
+    want = _decode_logits(model, prompts, flashinfer_backend.DECODE_PIECES, monkeypatch)
+    assert got.shape == (len(prompts), 2048) and not torch.isnan(got).any()
+    assert rel_err(got, want) < 1e-2
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95

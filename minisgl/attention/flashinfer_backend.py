@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from minisgl.kernel import DecodeScratch, decode_attention, decode_splits, gather_page_indices, merge_pieces, store_kv
+from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention, decode_splits, gather_page_indices, merge_pieces, store_kv
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -41,7 +41,8 @@ DECODE_TENSOR_CORES = False
 # launch, split and merged in the kernel) instead of FlashInfer's decode kernel and merge: the
 # step is then bound by the launches' latency, not by reading the keys.
 SMALL_DECODE_MAX_BS = 4
-# From this many requests a decode step gives FlashInfer each request's keys as up to DECODE_PIECES
+# From this many requests, where FlashInfer decodes large batches (head_dim above 128, or
+# LARGE_DECODE_MIN_BS raised), a decode step gives it each request's keys as up to DECODE_PIECES
 # consecutive pieces, each attended to as a request of its own, and `merge_pieces` joins them. Planned
 # for CUDA graphs, FlashInfer's decode splits the keys itself below one wave of its grid (about 149
 # requests at 8 KV heads on an H200), merging in a second kernel even where nothing needed splitting;
@@ -51,6 +52,15 @@ SMALL_DECODE_MAX_BS = 4
 # "Keys in pieces, kept; projections of 3-256 rows, not").
 DECODE_PIECES = 4
 DECODE_PIECES_MIN_BS = 96
+# From this many requests (at head_dim <= 128) a decode step's attention is `decode_attention` again,
+# each request's keys in LARGE_DECODE_SPLITS splits, with its large-batch tile: one launch a layer, no page
+# list and no host plan, and no pieces to gather queries for and merge. At the offline workload's lengths
+# on an H200 it took 66.1 against 71.4 us a layer at 64 requests, 114.7 against 121.8 at 128 and 210.5
+# against 214.9 at 256 (FlashInfer over pieces, with the merge), and the workload's decode steps of 65-128
+# requests 4.62-4.64 against 5.08 ms in one call (minisgl/benchmark/RESULTS.md, "The Triton decode kernel
+# from 64 requests"). One split a request was 9-26% slower there, four 0-4% slower.
+LARGE_DECODE_MIN_BS = 64
+LARGE_DECODE_SPLITS = 2
 
 
 @dataclass
@@ -73,6 +83,7 @@ class SmallDecodeMetadata(BaseAttnMetadata):
     rows: torch.Tensor  # [bs] int32 page-table rows, on the device
     kv_lens: torch.Tensor  # [bs] int32 keys per request, on the device
     splits: int  # pieces each request's keys are cut into (see `decode_splits`)
+    large: bool = False  # a batch of LARGE_DECODE_MIN_BS or more: the large-batch tile
 
 
 @dataclass
@@ -105,6 +116,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         small_decode_max_bs: int = SMALL_DECODE_MAX_BS,
         decode_pieces: Optional[int] = None,
         decode_pieces_min_bs: Optional[int] = None,
+        large_decode_min_bs: Optional[int] = None,
     ):
         import flashinfer
 
@@ -134,10 +146,15 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._paged = [(k.view(-1, ps, h, d), v.view(-1, ps, h, d)) for k, v in self._flat]
         self.workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         # tuned on the GPU at head_dim 128; at 256 a program's key and value tiles would double,
-        # so FlashInfer keeps those models' decode
+        # so FlashInfer keeps those models' decode at every batch size
         self.small_decode_max_bs = small_decode_max_bs if self.head_dim <= 128 else 0
+        large = LARGE_DECODE_MIN_BS if large_decode_min_bs is None else large_decode_min_bs
+        self.large_decode_min_bs = large if self.head_dim <= 128 else 1 << 30
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self._small_scratch = DecodeScratch.for_batches(self.small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device)
+        rows = page_table.shape[0] - 1
+        large_rows = rows if self.large_decode_min_bs <= rows else 0  # room for a batch of every row of the table
+        self._small_scratch = DecodeScratch.for_batches(self.small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device,
+                                                        pieces=large_rows * LARGE_DECODE_SPLITS, rows=large_rows)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = self._make_decode_wrapper(None)
         self._graph_wrappers: Dict[int, object] = {}
@@ -223,11 +240,16 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._plan_copied.record()
         return FlashInferMetadata(wrapper, layout.total, split)
 
+    def _triton_decode(self, bs: int) -> bool:
+        return bs <= self.small_decode_max_bs or bs >= self.large_decode_min_bs
+
     def _small_decode(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> SmallDecodeMetadata:
         """Rows and key counts for `decode_attention`, in one copy (into `out`, a graph's buffer, if given)."""
         bs = len(rows)
         host = torch.tensor(rows + kv_lens, dtype=torch.int32, pin_memory=True)
         dev = host.to(self.device, non_blocking=True) if out is None else out[: 2 * bs].copy_(host, non_blocking=True)
+        if bs >= self.large_decode_min_bs:
+            return SmallDecodeMetadata(dev[:bs], dev[bs:], LARGE_DECODE_SPLITS, large=True)
         return SmallDecodeMetadata(dev[:bs], dev[bs:], decode_splits(bs, self.num_kv_heads, self._sms))
 
     def prepare_metadata(self, batch: "Batch") -> None:
@@ -235,7 +257,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         rows = [r.table_idx for r in reqs]
         kv_lens = [r.device_len for r in reqs]
         if batch.is_decode:
-            if len(rows) <= self.small_decode_max_bs:
+            if self._triton_decode(len(rows)):
                 batch.attn_metadata = self._small_decode(rows, kv_lens)
             else:
                 batch.attn_metadata = self._plan_decode(self.decode_wrapper, rows, kv_lens)
@@ -269,7 +291,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
             store_kv(k, v, k_flat, v_flat, batch.out_loc)
         meta = batch.attn_metadata
         if isinstance(meta, SmallDecodeMetadata):
-            return decode_attention(q.contiguous(), k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits)
+            tile = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES) if meta.large else {}
+            return decode_attention(q.contiguous(), k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits, **tile)
         if meta.pieces is None:
             return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
         # a query row per piece, then one merge: each request's pieces are consecutive rows
@@ -288,7 +311,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         # every real page at most once, plus one dummy page per padding request or padding piece
         self._cg_indices = torch.zeros(self.kv_cache.num_pages + most, dtype=torch.int32, device=self.device)
         self._cg_pieces = torch.zeros(most + max_bs + 1, dtype=torch.int32, device=self.device)  # owners, then part_start
-        self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list if bs > self.small_decode_max_bs}
+        self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list if not self._triton_decode(bs)}
         self._cg_small = torch.zeros(2 * max_bs, dtype=torch.int32, device=self.device)  # rows, then key counts
 
     def _padded_rows(self, batch: "Batch") -> Tuple[List[int], List[int]]:
@@ -303,7 +326,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
 
     def prepare_for_replay(self, batch: "Batch") -> None:
         rows, kv_lens = self._padded_rows(batch)
-        if batch.padded_size <= self.small_decode_max_bs:
+        if self._triton_decode(batch.padded_size):
             batch.attn_metadata = self._small_decode(rows, kv_lens, self._cg_small)
         else:
             bs = batch.padded_size

@@ -27,7 +27,14 @@ from .util import next_pow2, use_triton
 # Both measured on an H200 (Qwen3-0.6B heads, 1-16 requests): 64 keys a step beat 16 and 32, and two
 # programs per SM beat one at 4,096 keys (12.7 against 14.7 us a layer) and four at the 1-4 requests it serves
 DECODE_BLOCK = 64  # keys per inner step of a program
+DECODE_STAGES = 3  # Triton's default software-pipelining depth on this card
 DECODE_PROGRAMS_PER_SM = 2
+# The tile for 64-256 requests at the offline workload's lengths (100-1,500 keys, two splits a request),
+# the best of 18 (32-128 keys a step, 4 or 8 warps, 2-4 stages) on an H200 at every batch size:
+# 114.7 against 117.6 us a layer at 128 requests, 210.5 against 212.2 at 256
+# (`tools/gpu_probes/decode_triton_sweep.py`)
+LARGE_BATCH_BLOCK = 128
+LARGE_BATCH_STAGES = 2
 _MAX_SPLITS = 64
 
 try:
@@ -45,6 +52,9 @@ try:
         row = tl.load(rows_ptr + b).to(tl.int64)
         n = tl.load(lens_ptr + b)
         chunk = tl.cdiv(tl.cdiv(n, SPLITS), BT) * BT  # whole inner steps per split
+        nsplit = tl.cdiv(n, chunk)  # at most SPLITS: a short request's last splits have no keys and do nothing
+        if s >= nsplit:
+            return
         start = s * chunk
         end = tl.minimum(start + chunk, n)
         g = tl.arange(0, GP)
@@ -69,25 +79,25 @@ try:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             l = l * alpha + tl.sum(p, axis=1)
             m = m_new
-        # partials of the G real query rows: [B, HKV, SPLITS, GR, D] and [B, HKV, SPLITS, GR, 2];
-        # an empty split leaves m = -inf, l = 0
+        # partials of the G real query rows: [B, HKV, SPLITS, GR, D] and [B, HKV, SPLITS, GR, 2]
         base = (b * HKV + h) * SPLITS
         tl.store(part_ptr + ((base + s) * GR + g[:, None]) * D + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + ((base + s) * GR + g) * 2, m, mask=g_ok)
         tl.store(ml_ptr + ((base + s) * GR + g) * 2 + 1, l, mask=g_ok)
         tl.debug_barrier()  # every thread's partials are written before the counter moves
         done = tl.atomic_add(count_ptr + b * HKV + h, 1, sem="acq_rel")
-        if done == SPLITS - 1:  # the last program of this (request, KV head) merges, all splits at once
+        if done == nsplit - 1:  # the last program of this (request, KV head) merges, all splits at once
             sp = tl.arange(0, SPLITS)
             r = tl.arange(0, GR)
             r_ok = r < G
-            ml_at = ml_ptr + ((base + sp[:, None]) * GR + r[None, :]) * 2  # [SPLITS, GR]
-            ms = tl.load(ml_at, mask=r_ok[None, :], other=0.0, cache_modifier=".cg")
-            ls = tl.load(ml_at + 1, mask=r_ok[None, :], other=0.0, cache_modifier=".cg")
+            ok = (sp[:, None] < nsplit) & r_ok[None, :]  # [SPLITS, GR]: the splits that ran
+            ml_at = ml_ptr + ((base + sp[:, None]) * GR + r[None, :]) * 2
+            ms = tl.load(ml_at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            ls = tl.load(ml_at + 1, mask=ok, other=0.0, cache_modifier=".cg")
             parts = tl.load(part_ptr + ((base + sp[:, None, None]) * GR + r[None, :, None]) * D + d[None, None, :],
-                            mask=r_ok[None, :, None], other=0.0, cache_modifier=".cg")  # [SPLITS, GR, D]
+                            mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [SPLITS, GR, D]
             m_all = tl.max(ms, axis=0)  # finite: split 0 holds at least one key
-            w = tl.exp(ms - m_all[None, :])  # an empty split weighs exp(-inf) = 0
+            w = tl.exp(ms - m_all[None, :])  # a split that did not run weighs exp(-inf) = 0
             o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
             head_r = (b * HKV + h) * G + r
             tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
@@ -131,14 +141,16 @@ class DecodeScratch:
     count: torch.Tensor  # [max_bs * kv_heads] int32, zero between launches
 
     @classmethod
-    def for_batches(cls, max_bs: int, num_kv_heads: int, group: int, head_dim: int, num_sms: int, device: torch.device) -> DecodeScratch:
-        """Room for any batch of up to `max_bs` requests at its `decode_splits`."""
-        pieces = max((bs * decode_splits(bs, num_kv_heads, num_sms) for bs in range(1, max_bs + 1)), default=0)
+    def for_batches(cls, max_bs: int, num_kv_heads: int, group: int, head_dim: int, num_sms: int, device: torch.device,
+                    pieces: int = 0, rows: int = 0) -> DecodeScratch:
+        """Room for any batch of up to `max_bs` requests at its `decode_splits`, and for `pieces`
+        (request, split) pairs of up to `rows` requests (batches split by size)."""
+        pieces = max(pieces, max((bs * decode_splits(bs, num_kv_heads, num_sms) for bs in range(1, max_bs + 1)), default=0))
         cells = pieces * num_kv_heads * next_pow2(group)
         return cls(
             torch.empty(cells * head_dim, dtype=torch.float32, device=device),
             torch.empty(cells * 2, dtype=torch.float32, device=device),
-            torch.zeros(max_bs * num_kv_heads, dtype=torch.int32, device=device),
+            torch.zeros(max(max_bs, rows) * num_kv_heads, dtype=torch.int32, device=device),
         )
 
 
@@ -161,9 +173,11 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-                     scratch: DecodeScratch, splits: int) -> torch.Tensor:
+                     scratch: DecodeScratch, splits: int, block: int = DECODE_BLOCK, stages: int = DECODE_STAGES) -> torch.Tensor:
     """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
-    `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`."""
+    `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
+    request's keys are cut into `splits` near-equal splits; `block` keys per inner step, `stages`
+    of software pipelining (the tile: `DECODE_BLOCK`/`DECODE_STAGES`, or `LARGE_BATCH_*` for many requests)."""
     if not use_triton(q):
         return decode_attention_ref(q, k_cache, v_cache, page_table, rows, kv_lens)
     bs, hq, d = q.shape
@@ -175,7 +189,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_kernel[(bs, hkv, splits)](
         q, k_cache, v_cache, page_table, rows, kv_lens, scratch.part, scratch.ml, scratch.count, out,
         page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
-        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=DECODE_BLOCK, num_warps=4,
+        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, num_warps=4, num_stages=stages,
     )
     return out
 
