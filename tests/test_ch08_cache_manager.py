@@ -67,6 +67,29 @@ def test_release_returns_every_page_with_the_naive_cache():
     cm.check_integrity([])
 
 
+@pytest.mark.gpu
+def test_pages_freed_on_the_gpu_count_at_once_and_come_back_without_a_wait():
+    """On the GPU, freed slots are read back behind the stream's work rather than at once (which would
+    stall the host until every launched step ends): the pages count as free immediately, and an
+    allocation that needs them waits for their copy."""
+    dev = torch.device("cuda")
+    cm = CacheManager(8, 4, NaivePrefixCache(dev), torch.full((4, 32), -1, dtype=torch.int32, device=dev))
+    reqs = [make_req(list(range(n)), row=i, uid=i) for i, n in enumerate([5, 9])]
+    cm.allocate(reqs)
+    for r in reqs:
+        r.complete_one()
+    torch.cuda._sleep(50_000_000)  # keep the stream busy, so the copies below are still queued
+    for r in reqs:
+        cm.release(r)
+    assert cm.free_pages == 8
+    whole = make_req(list(range(32)), row=2, uid=2)  # all 8 pages: the 5 just freed among them
+    cm.allocate([whole])
+    assert cm.free_pages == 0
+    assert sorted((cm.page_table[2, ::4] // 4).tolist()) == list(range(8))
+    whole.complete_one()
+    cm.check_integrity([whole])
+
+
 def test_integrity_check_catches_a_lost_page():
     cm = manager()
     r = make_req(list(range(5)), row=0)

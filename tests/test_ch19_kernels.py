@@ -409,6 +409,11 @@ def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
             got = K.decode_attention(*args, scratch, 2, K.LARGE_BATCH_BLOCK, K.LARGE_BATCH_STAGES)
             torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
         assert int(scratch.count.abs().sum()) == 0
+        # the grid's order only changes which programs run side by side: the same bits either way
+        for splits in (1, 4):
+            by_order = [K.decode_attention(*args, scratch, splits, heads_first=hf) for hf in (True, False)]
+            assert torch.equal(by_order[0], by_order[1])
+        assert int(scratch.count.abs().sum()) == 0
 
 
 _DECODE_INTERPRETED = """

@@ -40,6 +40,10 @@ DECODE_PROGRAMS_PER_SM = 2
 LARGE_BATCH_BLOCK = 128
 LARGE_BATCH_STAGES = 2
 _MAX_SPLITS = 64
+# Programs start in grid order, first axis fastest. With the KV heads first, the programs that read one
+# request's split for each of its KV heads run side by side, and between them read every slot's keys
+# (all heads, one contiguous row of the cache) at once, instead of one head's 256 bytes of it at a time.
+HEADS_FIRST = True
 
 try:
     import triton
@@ -49,9 +53,13 @@ try:
     def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
                        table_stride, k_stride, v_stride, sm_scale,
                        HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
-                       SPLITS: tl.constexpr, BT: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
+                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr):
+        if HEADS_FIRST:  # grid (KV head, request, split): a slot's heads are read by neighbouring programs
+            h = tl.program_id(0)
+            b = tl.program_id(1)
+        else:  # grid (request, KV head, split)
+            b = tl.program_id(0)
+            h = tl.program_id(1)
         s = tl.program_id(2)
         row = tl.load(rows_ptr + b).to(tl.int64)
         n = tl.load(lens_ptr + b)
@@ -177,7 +185,8 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-                     scratch: DecodeScratch, splits: int, block: int = DECODE_BLOCK, stages: int = DECODE_STAGES) -> torch.Tensor:
+                     scratch: DecodeScratch, splits: int, block: int = DECODE_BLOCK, stages: int = DECODE_STAGES,
+                     heads_first: bool = HEADS_FIRST) -> torch.Tensor:
     """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
     `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
     request's keys are cut into `splits` near-equal splits; `block` keys per inner step, `stages`
@@ -190,10 +199,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert hq % hkv == 0 and q.is_contiguous() and k_cache.stride(2) == 1 and k_cache.stride(1) == d and page_table.stride(1) == 1
     assert scratch.count.numel() >= bs * hkv and scratch.ml.numel() >= bs * hkv * splits * next_pow2(group) * 2
     out = torch.empty_like(q)
-    _decode_kernel[(bs, hkv, splits)](
+    grid = (hkv, bs, splits) if heads_first else (bs, hkv, splits)
+    _decode_kernel[grid](
         q, k_cache, v_cache, page_table, rows, kv_lens, scratch.part, scratch.ml, scratch.count, out,
         page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
-        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, num_warps=4, num_stages=stages,
+        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, HEADS_FIRST=heads_first, num_warps=4, num_stages=stages,
     )
     return out
 

@@ -3,7 +3,7 @@ cache, and takes a finished request's pages back (into the cache or the free lis
 
 from __future__ import annotations
 
-from typing import Iterable, List
+from typing import Iterable, List, Tuple
 
 import numpy as np
 import torch
@@ -20,11 +20,15 @@ class CacheManager:
         self.prefix_cache = prefix_cache
         self.page_table = page_table
         self._free_pages = torch.arange(num_pages, dtype=torch.int64)  # CPU
+        # pages freed from slots on the GPU, on their way to the host: (pinned page ids, copy done)
+        self._in_flight: List[Tuple[torch.Tensor, torch.cuda.Event]] = []
+        self._in_flight_pages = 0
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
     def free_pages(self) -> int:
-        return len(self._free_pages)
+        """Free pages, counting those freed on the GPU whose ids are still being copied back."""
+        return len(self._free_pages) + self._in_flight_pages
 
     @property
     def available_pages(self) -> int:
@@ -55,6 +59,7 @@ class CacheManager:
             self._release_slots(freed)
         if n > self.free_pages:
             raise MemoryError(f"out of KV pages: need {n}, have {self.free_pages} (admission control should prevent this)")
+        self._settle(wait=n > len(self._free_pages))
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
         return pages
 
@@ -99,7 +104,28 @@ class CacheManager:
     def _release_slots(self, slots: torch.Tensor) -> None:
         if len(slots) == 0:
             return
-        self._free_pages = torch.cat([self._free_pages, self._pages_of(slots)])
+        if slots.device.type != "cuda":
+            self._free_pages = torch.cat([self._free_pages, self._pages_of(slots)])
+            return
+        # Reading slots on the GPU back at once would wait for every launched step (the next one
+        # included, with overlap) and leave the GPU idle after it. The copy goes on the stream
+        # instead, behind the work that still reads the slots; the ids are collected when done.
+        firsts = slots[:: self.page_size]
+        host = torch.empty(len(firsts), dtype=firsts.dtype, pin_memory=True).copy_(firsts, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._in_flight.append((host, done))
+        self._in_flight_pages += len(host)
+        self._settle(wait=False)
+
+    def _settle(self, wait: bool) -> None:
+        """Move freed pages whose ids have reached the host to the free list, oldest first; with
+        `wait`, all of them (waiting for their copies)."""
+        while self._in_flight and (wait or self._in_flight[0][1].query()):
+            host, done = self._in_flight.pop(0)
+            done.synchronize()
+            self._free_pages = torch.cat([self._free_pages, host.long() // self.page_size])
+            self._in_flight_pages -= len(host)
 
     def cache_prompt(self, req: Req) -> None:
         """Offer the prompt computed so far to the cache while `req` still runs (called when a
@@ -147,6 +173,7 @@ class CacheManager:
     def check_integrity(self, live: Iterable[Req]) -> None:
         """Every page is in exactly one place: the free list, the prefix cache, or a live request."""
         ps = self.page_size
+        self._settle(wait=True)
         self.prefix_cache.check_integrity()
         owned = [self._free_pages, self._pages_of(self.prefix_cache.all_indices())]
         for req in live:
