@@ -4,7 +4,7 @@ merges the pieces itself.
 At batch 1 a decode step's attention is tiny (Qwen3-0.6B, 576 keys: 2.4 MB of K and V per layer,
 half a microsecond at the copy rate) but FlashInfer's paged decode kernel plus its split-KV merge
 kernel took about 10 us a layer on an H200: two launches, each bound by latency. Here the grid is
-(request, KV head, split): every program reads one slice of a request's keys for one KV head (and
+(KV head, request, split): every program reads one slice of a request's keys for one KV head (and
 all the query heads that share it, GQA), and writes its partial result (running max, sum of
 exponentials, weighted values) to a scratch buffer. The program that finishes last for a (request,
 KV head), which it learns from an atomic counter, merges the partials and writes the output, so

@@ -1,8 +1,9 @@
 """The engine's Triton decode kernel (`minisgl.kernel.decode`) at the offline workload's uneven lengths
-and 64-256 requests, by tile: keys per inner step, warps, pipeline stages, and how a request's keys are
-split: into the same number of splits per request, or as `plan_splits` cuts them (one split size for
-the batch, so long requests get more splits). Against FlashInfer's decode over 4 equal pieces per request plus their merge (the
-engine's path from 96 requests). `python tools/gpu_probes/decode_triton_sweep.py`"""
+and 64-256 requests, by tile: keys per inner step, warps, pipeline stages, at two or three splits a request
+(its grid in the engine's order, KV heads first). Against FlashInfer's decode over 4 equal pieces per
+request plus their merge (the engine's path from 96 requests before the kernel took those batches). The
+ninth round also tried one split size for the whole batch (long requests getting more splits); that form
+of the kernel is not in the engine and no longer here. `python tools/gpu_probes/decode_triton_sweep.py`"""
 import math
 import random
 
@@ -11,7 +12,7 @@ import torch
 import flashinfer
 
 from _timing import graph_us
-from minisgl.kernel import merge_pieces, plan_splits
+from minisgl.kernel import merge_pieces
 from minisgl.kernel.decode import _decode_kernel
 
 dev = torch.device("cuda")
@@ -58,35 +59,31 @@ def main() -> None:
         fi_us = graph_us(fi)
         cells = [f"FI 4 pieces {fi_us:.1f} us {nbytes / fi_us / 1e6:.2f} TB/s"]
         best = []
-        for planned, per in [(False, 2), (True, 2), (True, 3)]:
+        for per in (2, 3):
             for BT in (32, 64, 128):
                 for warps in (4, 8):
                     for stages in (2, 3, 4):
-                        if planned:
-                            plan = torch.from_numpy(plan_splits(lens, 16, per, BT)).to(dev)
-                            splits, grid = 16, ((plan.numel() - 1) // 2, HKV, 1)
-                        else:
-                            plan, splits, grid = kvl, per, (bs, HKV, per)
+                        splits, grid = per, (HKV, bs, per)
                         part = torch.empty(bs * HKV * splits * 2 * D, dtype=torch.float32, device=dev)
                         ml = torch.empty(bs * HKV * splits * 2 * 2, dtype=torch.float32, device=dev)
                         cnt = torch.zeros(bs * HKV, dtype=torch.int32, device=dev)
                         out = torch.empty_like(q)
-                        def fn(BT=BT, warps=warps, stages=stages, splits=splits, plan=plan, grid=grid, part=part, ml=ml, cnt=cnt, out=out, planned=planned):
-                            _decode_kernel[grid](q, k, v, table, rows, kvl, plan, part, ml, cnt, out, table.stride(0), k.stride(0), v.stride(0), 1 / math.sqrt(D),
-                                                 HKV=HKV, G=G, GP=16, GR=2, D=D, SPLITS=splits, BT=BT, PLANNED=planned, num_warps=warps, num_stages=stages)
+                        def fn(BT=BT, warps=warps, stages=stages, splits=splits, grid=grid, part=part, ml=ml, cnt=cnt, out=out):
+                            _decode_kernel[grid](q, k, v, table, rows, kvl, part, ml, cnt, out, table.stride(0), k.stride(0), v.stride(0), 1 / math.sqrt(D),
+                                                 HKV=HKV, G=G, GP=16, GR=2, D=D, SPLITS=splits, BT=BT, HEADS_FIRST=True, num_warps=warps, num_stages=stages)
                             return out
                         try:
                             r = fn().float()
                             err = (r - ref).abs().max().item()
                             us = graph_us(fn)
                         except Exception as e:  # a tile that does not compile or fit
-                            print(f"  bs {bs} {planned} {per} BT {BT} w {warps} st {stages}: {type(e).__name__} {str(e)[:80]}", flush=True)
+                            print(f"  bs {bs} {per} BT {BT} w {warps} st {stages}: {type(e).__name__} {str(e)[:80]}", flush=True)
                             continue
-                        best.append((us, f"{'plan x' if planned else 'splits '}{per} BT{BT} w{warps} st{stages}", err))
+                        best.append((us, f"splits {per} BT{BT} w{warps} st{stages}", err))
         best.sort()
         cells += [f"{name} {us:.1f} us {nbytes / us / 1e6:.2f} TB/s err {err:.0e}" for us, name, err in best[:6]]
-        # the engine's current tile (BT 64, 4 warps, default stages) for reference
-        cur = [b for b in best if b[1] in ("splits 1 BT64 w4 st3", "splits 2 BT64 w4 st3", "plan x2 BT64 w4 st3")]
+        # the engine's large-batch tile (two splits, 128 keys a step, 4 warps, 2 stages) for reference
+        cur = [b for b in best if b[1] == "splits 2 BT128 w4 st2"]
         cells += [f"[current {name}: {us:.1f} us]" for us, name, _ in cur]
         print(f"bs {bs} ({sum(lens) // bs} keys avg): " + " | ".join(cells), flush=True)
 
