@@ -14,6 +14,7 @@ from typing import List
 import pytest
 import torch
 
+from minisgl import kernel as K
 from minisgl.attention.flashinfer_backend import flashinfer_problem, page_layout
 from minisgl.attention.registry import resolve_backend_name
 from minisgl.core import Batch, Req, SamplingParams
@@ -80,9 +81,9 @@ def _batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[tuple], p
     return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long(), padded_size=len(reqs))
 
 
-def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True, small_decode_max_bs: int = 0, **options):
+def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True, small_decode_max_bs: int = 0, large_decode_min_bs: int = 1 << 30, **options):
     """The torch backend's and the FlashInfer backend's outputs over two layers, and the metadata
-    FlashInfer planned for the batch."""
+    FlashInfer planned for the batch (decode by FlashInfer's kernels unless the thresholds say otherwise)."""
     from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -98,7 +99,8 @@ def _attention_both(specs, phase: str, page_size: int, tensor_cores: bool = True
     k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     outs = []
-    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores, small_decode_max_bs=small_decode_max_bs, **options)):
+    for backend in (TorchAttnBackend(kv, table), FlashInferAttnBackend(kv, table, num_qo_heads=hq, decode_tensor_cores=tensor_cores, small_decode_max_bs=small_decode_max_bs,
+                                                                   large_decode_min_bs=large_decode_min_bs, **options)):
         backend.prepare_metadata(batch)
         outs.append(torch.stack([backend.forward(q, k, v, layer, batch) for layer in range(2)]))
     return outs[0], outs[1], batch.attn_metadata
@@ -162,14 +164,54 @@ def test_small_decode_batches_take_the_one_launch_kernel_and_match_torch_backend
 
 @gpu
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_large_decode_batches_take_the_kernel_and_match_torch_backend(page_size):
-    from minisgl.attention.flashinfer_backend import LARGE_DECODE_MIN_BS, LARGE_DECODE_SPLITS, SmallDecodeMetadata
+@pytest.mark.parametrize("bs", [5, 64])
+def test_larger_decode_batches_take_the_kernel_and_match_torch_backend(page_size, bs):
+    from minisgl.attention.flashinfer_backend import LARGE_DECODE_MIN_BS, LARGE_DECODE_PROGRAMS_PER_SM, LARGE_DECODE_SPLITS, SmallDecodeMetadata
+    from minisgl.kernel import decode_splits
 
+    assert LARGE_DECODE_MIN_BS <= bs  # the default threshold routes both sizes to the kernel
     rng = random.Random(2)
-    specs = [(n - 1, n) for n in [1, 2, 3, 1500] + [rng.randint(1, 900) for _ in range(LARGE_DECODE_MIN_BS - 4)]]
-    want, got, meta = _attention_both(specs, "decode", page_size)
-    assert isinstance(meta, SmallDecodeMetadata) and meta.large and meta.splits == LARGE_DECODE_SPLITS
+    specs = [(n - 1, n) for n in [1, 2, 3, 1500] + [rng.randint(1, 900) for _ in range(bs - 4)]]
+    want, got, meta = _attention_both(specs, "decode", page_size, large_decode_min_bs=LARGE_DECODE_MIN_BS)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert isinstance(meta, SmallDecodeMetadata) and meta.large
+    assert meta.splits == max(LARGE_DECODE_SPLITS, decode_splits(bs, 8, sms, LARGE_DECODE_PROGRAMS_PER_SM)) and meta.splits >= LARGE_DECODE_SPLITS
     _assert_matches_torch(want, got)
+
+
+@gpu
+@pytest.mark.parametrize("bs", [1, 6, 63, 64])
+def test_the_decode_kernel_rotates_and_stores_up_to_its_limit(bs):
+    """`forward_rotating` up to ROPE_IN_DECODE_MAX_BS requests: the output, and the keys and values it
+    leaves in the pool, those of the RoPE launch then `forward`; above it, None (the layer rotates first)."""
+    from minisgl.attention.flashinfer_backend import ROPE_IN_DECODE_MAX_BS, FlashInferAttnBackend
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    torch.manual_seed(0)
+    rng = random.Random(bs)
+    hq, hkv, d = 16, 8, 128
+    kv = MHAKVCache(1, 1 << 17, 1, hkv, d, torch.bfloat16, torch.device("cuda"))
+    kv.buffer.normal_()
+    table = torch.zeros(bs + 1, 2048, dtype=torch.int32, device="cuda")
+    batch = _batch(kv, table, [(n - 1, n) for n in (rng.randint(1, 1500) for _ in range(bs))], "decode")
+    backend = FlashInferAttnBackend(kv, table, num_qo_heads=hq)
+    backend.prepare_metadata(batch)
+    qkv = torch.randn(bs, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (t.view(bs, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    rope = RotaryEmbedding(d, 4096, 1e6, None, torch.device("cuda"))
+    norm = (torch.randn(d, dtype=torch.bfloat16, device="cuda"), torch.randn(d, dtype=torch.bfloat16, device="cuda"), 1e-6)
+    pending = K.PendingRope(batch.positions, k, v, batch.out_loc, rope._cos, rope._sin, norm)
+    before = kv.buffer.clone()
+    got = backend.forward_rotating(q, pending, 0, batch)
+    if bs > ROPE_IN_DECODE_MAX_BS:
+        assert got is None and torch.equal(kv.buffer, before)  # nothing written: the layer's RoPE launch will
+        return
+    got_pool = kv.buffer.clone()
+    kv.buffer.copy_(before)
+    q_rot = K.apply_rope_and_store(batch.positions, q, k, v, rope._cos, rope._sin, *backend.kv_destination(0), batch.out_loc, norm)
+    want = backend.forward(q_rot, None, None, 0, batch)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got_pool.float(), kv.buffer.float(), atol=2e-2, rtol=2e-2)
 
 
 # ---- through the engine (GPU) -------------------------------------------------------------------
@@ -248,12 +290,13 @@ def test_many_requests_decode_in_pieces_through_graphs_like_whole_requests(tmp_p
 
 
 @gpu
-def test_many_requests_decode_through_the_kernel_in_graphs_like_flashinfer(tmp_path, monkeypatch):
+@pytest.mark.parametrize("n", [42, 101])  # the kernel rotating as it attends, and from 64 requests not
+def test_many_requests_decode_through_the_kernel_in_graphs_like_flashinfer(tmp_path, monkeypatch, n):
     from minisgl.attention import flashinfer_backend
 
     model = small_qwen3(tmp_path)
     rng = random.Random(3)
-    prompts = [[rng.randint(0, 2000) for _ in range(rng.choice([1, 2, 3, 50, 400, 1200]))] for _ in range(flashinfer_backend.LARGE_DECODE_MIN_BS + 37)]
+    prompts = [[rng.randint(0, 2000) for _ in range(rng.choice([1, 2, 3, 50, 400, 1200]))] for _ in range(n)]
     got = _decode_logits(model, prompts, flashinfer_backend.DECODE_PIECES, monkeypatch)
     monkeypatch.setattr(flashinfer_backend, "LARGE_DECODE_MIN_BS", 1 << 30)  # FlashInfer's decode, in pieces
     want = _decode_logits(model, prompts, flashinfer_backend.DECODE_PIECES, monkeypatch)

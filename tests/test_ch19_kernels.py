@@ -435,6 +435,57 @@ def test_decode_attention_kernel(dtype):
     _decode_checks(dtype, "cuda", 2e-2, torch.cuda.get_device_properties(0).multi_processor_count)
 
 
+def _decode_rope_checks(dtype, device, tol, sms, hq=16, hkv=8, d=128, lens=(1, 2, 31, 33, 300, 1025)):
+    """The kernel that rotates as it attends, handed q, k and v as views of one projection output:
+    its output and the caches it leaves against RoPE and the store first (the reference), then
+    attention, with and without qk-norm, at the engine's split counts and both tiles."""
+    torch.manual_seed(1)
+    for page_size, qk_norm in ((1, True), (16, False)):
+        (q0, kc0, vc0, table, rows, kv_lens), _ = _decode_case(dtype, device, hq, hkv, d, lens, page_size)
+        bs = len(lens)
+        q, k, v = _qkv(bs, hq, hkv, d, dtype, device)
+        out_loc = table[rows.long(), kv_lens.long() - 1].long()  # each request's new key: its last position
+        positions = (kv_lens - 1).long() + torch.randint(0, 7, (bs,), device=device)  # need not match the length
+        rope = RotaryEmbedding(d, 2048, 1e6, None, torch.device(device))
+        norm = (torch.randn(d, dtype=dtype, device=device), torch.randn(d, dtype=dtype, device=device), 1e-6) if qk_norm else None
+        pending = K.PendingRope(positions, k, v, out_loc, rope._cos, rope._sin, norm)
+        kc, vc = kc0.clone(), vc0.clone()
+        want_q = K.apply_rope_and_store_ref(positions, q, k, v, rope._cos, rope._sin, kc, vc, out_loc, norm)
+        want = K.decode_attention_ref(want_q, kc, vc, table, rows, kv_lens)
+        scratch = K.DecodeScratch.for_batches(bs, hkv, hq // hkv, d, 1 << 20, q.device)
+        tiles = [(s, {}) for s in sorted({1, 4, K.decode_splits(bs, hkv, sms)})] + [(2, dict(block=K.LARGE_BATCH_BLOCK, stages=K.LARGE_BATCH_STAGES))]
+        for splits, tile in tiles:
+            got_kc, got_vc = kc0.clone(), vc0.clone()
+            got = K.decode_attention(q, got_kc, got_vc, table, rows, kv_lens, scratch, splits, rope=pending, **tile)
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+            torch.testing.assert_close(got_kc.float(), kc.float(), atol=tol, rtol=tol)  # only the new keys moved
+            assert torch.equal(got_vc, vc)
+            assert int(scratch.count.abs().sum()) == 0
+
+
+_DECODE_ROPE_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _decode_rope_checks
+_decode_rope_checks(torch.float32, "cpu", 1e-4, sms=8, hq=4, hkv=2, d=16, lens=(1, 2, 33, 70))
+print("ok")
+"""
+
+
+def test_decode_attention_with_rope_under_the_triton_interpreter():
+    _interpret(_DECODE_ROPE_INTERPRETED)
+
+
+def test_decode_attention_with_rope_falls_back_to_rope_then_attention_on_the_cpu():
+    _decode_rope_checks(torch.float32, "cpu", 1e-5, sms=8, hq=4, hkv=2, d=16, lens=(1, 2, 33, 70))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_attention_with_rope_kernel(dtype):
+    _decode_rope_checks(dtype, "cuda", 2e-2, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
 def _pieces_case(dtype, device, lens=(1, 5, 9, 300), pieces=(1, 2, 3, 4), heads=4, d=32):
     """Attention of each request over all its keys, and over consecutive pieces of them (output
     and base-2 log-sum-exp per piece, as FlashInfer returns them), plus one padding row."""

@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from minisgl.core import BaseAttnMetadata, Batch
+from minisgl.kernel import PendingRope
 
 __all__ = ["BaseAttnBackend", "BaseAttnMetadata"]  # the metadata base lives with the Batch that carries it
 
@@ -29,6 +30,13 @@ class BaseAttnBackend(ABC):
         """The layer's key and value caches (`[slots, kv_heads, head_dim]`, contiguous) when the
         caller may write this step's k/v into them itself, fused with RoPE, and then call
         `forward(q, None, None, ...)`; None (the default): pass k and v to `forward`."""
+        return None
+
+    def forward_rotating(self, q: torch.Tensor, rope: PendingRope, layer_id: int, batch: "Batch") -> Optional[torch.Tensor]:
+        """Attention for q and this step's k and v as the projection left them (`rope`: before the
+        norms and RoPE), for batches whose kernel applies those and the KV store itself, in the same
+        launch. None (the default, and for every other batch): the caller rotates and stores first,
+        then calls `forward`."""
         return None
 
     # CUDA-graph hooks; a backend that cannot be captured keeps these defaults.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention, decode_splits, gather_page_indices, merge_pieces, store_kv
+from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, PendingRope, decode_attention, decode_splits, gather_page_indices, merge_pieces, store_kv
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -38,8 +38,8 @@ _WORKSPACE_BYTES = 256 << 20  # FlashInfer's scratch for split-KV partial result
 # and, with the keys in pieces (below), a 24% slower offline workload. CUDA cores stay the default.
 DECODE_TENSOR_CORES = False
 # Up to this many requests a decode step's attention is `minisgl.kernel.decode_attention` (one
-# launch, split and merged in the kernel) instead of FlashInfer's decode kernel and merge: the
-# step is then bound by the launches' latency, not by reading the keys.
+# launch, split and merged in the kernel) at its small-batch tile, about DECODE_PROGRAMS_PER_SM programs
+# per SM: the step is then bound by the launches' latency, not by reading the keys.
 SMALL_DECODE_MAX_BS = 4
 # From this many requests, where FlashInfer decodes large batches (head_dim above 128, or
 # LARGE_DECODE_MIN_BS raised), a decode step gives it each request's keys as up to DECODE_PIECES
@@ -53,14 +53,26 @@ SMALL_DECODE_MAX_BS = 4
 DECODE_PIECES = 4
 DECODE_PIECES_MIN_BS = 96
 # From this many requests (at head_dim <= 128) a decode step's attention is `decode_attention` again,
-# each request's keys in LARGE_DECODE_SPLITS splits, with its large-batch tile: one launch a layer, no page
-# list and no host plan, and no pieces to gather queries for and merge. At the offline workload's lengths
-# on an H200 it took 66.1 against 71.4 us a layer at 64 requests, 114.7 against 121.8 at 128 and 210.5
-# against 214.9 at 256 (FlashInfer over pieces, with the merge), and the workload's decode steps of 65-128
-# requests 4.62-4.64 against 5.08 ms in one call (minisgl/benchmark/RESULTS.md, "The Triton decode kernel
-# from 64 requests"). One split a request was 9-26% slower there, four 0-4% slower.
-LARGE_DECODE_MIN_BS = 64
+# with its large-batch tile: one launch a layer, no page list and no host plan, and no pieces to gather
+# queries for and merge. At the offline workload's lengths on an H200 it took 66.1 against 71.4 us a layer
+# at 64 requests, 114.7 against 121.8 at 128 and 210.5 against 214.9 at 256 (FlashInfer over pieces, with
+# the merge; minisgl/benchmark/RESULTS.md, "The Triton decode kernel from 64 requests"), and with the RoPE
+# launch folded in (below) 14.2-66.1 against 17.5-71.1 us for RoPE plus FlashInfer's decode at 8-63
+# requests ("RoPE inside the decode kernel"). So FlashInfer decodes only models whose heads it alone
+# serves (head_dim above 128), or batches of LARGE_DECODE_MIN_BS raised, as tests do.
+LARGE_DECODE_MIN_BS = SMALL_DECODE_MAX_BS + 1
+# Each request's keys in at least LARGE_DECODE_SPLITS splits (one was 9-26% slower at 64-256 requests, four
+# 0-4%), and below 64 requests enough splits for about LARGE_DECODE_PROGRAMS_PER_SM programs per SM: the
+# best split count of 2-16 at every measured batch of 8-63 requests on an H200 (8 splits at 8 requests,
+# 4 at 12, 2 from 24).
 LARGE_DECODE_SPLITS = 2
+LARGE_DECODE_PROGRAMS_PER_SM = 4
+# Up to this many requests the decode kernel also applies the norms and RoPE to q and this step's k and
+# stores k and v itself (`forward_rotating`), one launch a layer fewer: 10.7 -> 9.2 us a layer at one
+# request, 17.5 -> 14.2 at 8 (against FlashInfer), 71.1 -> 66.1 at 63. From 64 requests the separate RoPE
+# launch is faster (214.5 against 219.4 us at 256): every program's longer start (rotating its queries, the
+# last split writing the new key before reading) costs more than the launch it saves.
+ROPE_IN_DECODE_MAX_BS = 63
 
 
 @dataclass
@@ -153,8 +165,9 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         rows = page_table.shape[0] - 1
         large_rows = rows if self.large_decode_min_bs <= rows else 0  # room for a batch of every row of the table
+        large_pieces = max((bs * self._large_splits(bs) for bs in range(self.large_decode_min_bs, large_rows + 1)), default=0)
         self._small_scratch = DecodeScratch.for_batches(self.small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device,
-                                                        pieces=large_rows * LARGE_DECODE_SPLITS, rows=large_rows)
+                                                        pieces=large_pieces, rows=large_rows)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = self._make_decode_wrapper(None)
         self._graph_wrappers: Dict[int, object] = {}
@@ -243,13 +256,16 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def _triton_decode(self, bs: int) -> bool:
         return bs <= self.small_decode_max_bs or bs >= self.large_decode_min_bs
 
+    def _large_splits(self, bs: int) -> int:
+        return max(LARGE_DECODE_SPLITS, decode_splits(bs, self.num_kv_heads, self._sms, LARGE_DECODE_PROGRAMS_PER_SM))
+
     def _small_decode(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> SmallDecodeMetadata:
         """Rows and key counts for `decode_attention`, in one copy (into `out`, a graph's buffer, if given)."""
         bs = len(rows)
         host = torch.tensor(rows + kv_lens, dtype=torch.int32, pin_memory=True)
         dev = host.to(self.device, non_blocking=True) if out is None else out[: 2 * bs].copy_(host, non_blocking=True)
         if bs >= self.large_decode_min_bs:
-            return SmallDecodeMetadata(dev[:bs], dev[bs:], LARGE_DECODE_SPLITS, large=True)
+            return SmallDecodeMetadata(dev[:bs], dev[bs:], self._large_splits(bs), large=True)
         return SmallDecodeMetadata(dev[:bs], dev[bs:], decode_splits(bs, self.num_kv_heads, self._sms))
 
     def prepare_metadata(self, batch: "Batch") -> None:
@@ -291,13 +307,23 @@ class FlashInferAttnBackend(BaseAttnBackend):
             store_kv(k, v, k_flat, v_flat, batch.out_loc)
         meta = batch.attn_metadata
         if isinstance(meta, SmallDecodeMetadata):
-            tile = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES) if meta.large else {}
-            return decode_attention(q.contiguous(), k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits, **tile)
+            return self._triton_attend(q, layer_id, meta)
         if meta.pieces is None:
             return meta.wrapper.run(q.contiguous(), self._paged[layer_id])
         # a query row per piece, then one merge: each request's pieces are consecutive rows
         parts, lse = meta.wrapper.run(q.index_select(0, meta.pieces.owner), self._paged[layer_id], return_lse=True)
         return merge_pieces(parts, lse, meta.pieces.part_start)
+
+    def forward_rotating(self, q: torch.Tensor, rope: PendingRope, layer_id: int, batch: "Batch") -> Optional[torch.Tensor]:
+        meta = batch.attn_metadata
+        if not isinstance(meta, SmallDecodeMetadata) or meta.rows.numel() > ROPE_IN_DECODE_MAX_BS:
+            return None
+        return self._triton_attend(q, layer_id, meta, rope)
+
+    def _triton_attend(self, q: torch.Tensor, layer_id: int, meta: SmallDecodeMetadata, rope: Optional[PendingRope] = None) -> torch.Tensor:
+        k_flat, v_flat = self._flat[layer_id]
+        tile = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES) if meta.large else {}
+        return decode_attention(q, k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits, rope=rope, **tile)
 
     # ---- CUDA graphs -------------------------------------------------------------------------
     def supports_cuda_graph(self) -> bool:

@@ -12,13 +12,14 @@ from .decode import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode
 from .gemv import GEMV_MAX_ROWS, PreNorm, gemv, gemv_applies, gemv_normed, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
-from .rope import apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
+from .rope import PendingRope, apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
 from .store import store_kv, store_kv_ref
 from .util import triton_available
 
 __all__ = [
     "DecodeScratch",
     "GEMV_MAX_ROWS",
+    "PendingRope",
     "PreNorm",
     "apply_rope",
     "apply_rope_and_store",

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
+from .rope import PendingRope, apply_rope_and_store, apply_rope_and_store_ref
 from .util import next_pow2, use_triton
 
 # Both measured on an H200 (Qwen3-0.6B heads, 1-16 requests): 64 keys a step beat 16 and 32, and two
@@ -49,11 +51,14 @@ try:
     import triton
     import triton.language as tl
 
+    from .rope import norm_rope
+
     @triton.jit
     def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
-                       table_stride, k_stride, v_stride, sm_scale,
+                       q_stride, table_stride, k_stride, v_stride, sm_scale,
+                       kn_ptr, vn_ptr, kn_stride, vn_stride, pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps,
                        HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
-                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr):
+                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr):
         if HEADS_FIRST:  # grid (KV head, request, split): a slot's heads are read by neighbouring programs
             h = tl.program_id(0)
             b = tl.program_id(1)
@@ -72,8 +77,21 @@ try:
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         g_ok = g < G
-        head = (b * HKV + h) * G + g  # query heads h*G .. h*G+G-1 of request b
-        q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=g_ok[:, None], other=0.0)
+        q_at = q_ptr + b * q_stride + (h * G + g[:, None]) * D  # query heads h*G .. h*G+G-1 of request b
+        if ROPE:  # q and this step's k arrive unrotated: the norms and RoPE here, and the split holding
+            # the new key writes it and its value to their slot before reading its keys
+            pos = tl.load(pos_ptr + b).to(tl.int64)
+            c = tl.load(cos_ptr + pos * cos_stride + d[None, :]).to(k_ptr.dtype.element_ty)
+            sn = tl.load(sin_ptr + pos * cos_stride + d[None, :]).to(k_ptr.dtype.element_ty)
+            q = norm_rope(q_at, qw_ptr, d[None, :], g_ok[:, None], c, sn, eps, D // 2, NORM)
+            if s == nsplit - 1:
+                slot_new = tl.load(loc_ptr + b).to(tl.int64)
+                k_new = norm_rope(kn_ptr + b * kn_stride + h * D, kw_ptr, d[None, :], d[None, :] < D, c, sn, eps, D // 2, NORM)
+                tl.store(k_ptr + slot_new * k_stride + h * D + d[None, :], k_new)
+                tl.store(v_ptr + slot_new * v_stride + h * D + d, tl.load(vn_ptr + b * vn_stride + h * D + d))
+                tl.debug_barrier()  # the whole program sees the new key before the loop reads it back
+        else:
+            q = tl.load(q_at + d[None, :], mask=g_ok[:, None], other=0.0)
         m = tl.full([GP], float("-inf"), dtype=tl.float32)
         l = tl.zeros([GP], dtype=tl.float32)
         acc = tl.zeros([GP, D], dtype=tl.float32)
@@ -111,7 +129,7 @@ try:
             m_all = tl.max(ms, axis=0)  # finite: split 0 holds at least one key
             w = tl.exp(ms - m_all[None, :])  # a split that did not run weighs exp(-inf) = 0
             o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
-            head_r = (b * HKV + h) * G + r
+            head_r = (b * HKV + h) * G + r  # the output is contiguous
             tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
             tl.atomic_xchg(count_ptr + b * HKV + h, 0)  # ready for the next launch
 
@@ -138,9 +156,9 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
-def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """Splits per (request, KV head), a power of two: about `DECODE_PROGRAMS_PER_SM` programs per SM."""
-    want = max(1, (DECODE_PROGRAMS_PER_SM * num_sms) // max(1, batch_size * num_kv_heads))
+def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> int:
+    """Splits per (request, KV head), a power of two: about `programs_per_sm` programs per SM."""
+    want = max(1, (programs_per_sm * num_sms) // max(1, batch_size * num_kv_heads))
     return min(_MAX_SPLITS, 1 << (want.bit_length() - 1))
 
 
@@ -184,26 +202,51 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return out
 
 
+def _rope_fits(q: torch.Tensor, rope: PendingRope) -> bool:
+    """Whether the kernel can rotate as it attends: unit-stride heads laid out as their views of the
+    projection are, rotation tables in rows, qk-norm weights contiguous in the model dtype."""
+    d = q.shape[-1]
+    ok = all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == d for t in (q, rope.k, rope.v))
+    ok = ok and rope.cos.stride(-1) == 1 and rope.sin.stride() == rope.cos.stride() and rope.cos.shape[-1] == d
+    norm = rope.qk_norm
+    return ok and (norm is None or (norm[0].dtype == q.dtype and norm[0].is_contiguous() and norm[1].is_contiguous()))
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
                      scratch: DecodeScratch, splits: int, block: int = DECODE_BLOCK, stages: int = DECODE_STAGES,
-                     heads_first: bool = HEADS_FIRST) -> torch.Tensor:
+                     heads_first: bool = HEADS_FIRST, rope: Optional[PendingRope] = None) -> torch.Tensor:
     """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
     `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
     request's keys are cut into `splits` near-equal splits; `block` keys per inner step, `stages`
-    of software pipelining (the tile: `DECODE_BLOCK`/`DECODE_STAGES`, or `LARGE_BATCH_*` for many requests)."""
+    of software pipelining (the tile: `DECODE_BLOCK`/`DECODE_STAGES`, or `LARGE_BATCH_*` for many requests).
+
+    `rope`: q (then possibly a strided view of the projection) and this step's k and v are not yet
+    rotated or stored; the same launch applies the norms and RoPE and writes k and v to their slots,
+    as `apply_rope_and_store` would before it (one kernel a layer fewer)."""
     if not use_triton(q):
+        if rope is not None:
+            q = apply_rope_and_store_ref(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc, rope.qk_norm)
         return decode_attention_ref(q, k_cache, v_cache, page_table, rows, kv_lens)
+    if rope is not None and not _rope_fits(q, rope):  # rotate and store first, in the RoPE kernel
+        q = apply_rope_and_store(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc, rope.qk_norm)
+        rope = None
+    if rope is None:
+        q = q.contiguous()
     bs, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    assert hq % hkv == 0 and q.is_contiguous() and k_cache.stride(2) == 1 and k_cache.stride(1) == d and page_table.stride(1) == 1
+    assert hq % hkv == 0 and q.stride(2) == 1 and q.stride(1) == d and k_cache.stride(2) == 1 and k_cache.stride(1) == d and page_table.stride(1) == 1
     assert scratch.count.numel() >= bs * hkv and scratch.ml.numel() >= bs * hkv * splits * next_pow2(group) * 2
-    out = torch.empty_like(q)
+    out = torch.empty(bs, hq, d, dtype=q.dtype, device=q.device)
     grid = (hkv, bs, splits) if heads_first else (bs, hkv, splits)
+    r = rope if rope is not None else PendingRope(rows, q, q, rows, q, q)  # placeholders, unread without ROPE
+    qw, kw, eps = r.qk_norm if r.qk_norm is not None else (q, q, 0.0)
     _decode_kernel[grid](
         q, k_cache, v_cache, page_table, rows, kv_lens, scratch.part, scratch.ml, scratch.count, out,
-        page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
-        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, HEADS_FIRST=heads_first, num_warps=4, num_stages=stages,
+        q.stride(0), page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
+        r.k, r.v, r.k.stride(0), r.v.stride(0), r.positions, r.out_loc, r.cos, r.sin, r.cos.stride(0), qw, kw, eps,
+        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, HEADS_FIRST=heads_first,
+        ROPE=rope is not None, NORM=r.qk_norm is not None, num_warps=4, num_stages=stages,
     )
     return out
 

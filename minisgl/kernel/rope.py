@@ -10,6 +10,7 @@ the model dtype first, and each product and the sum are rounded as PyTorch round
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -23,34 +24,37 @@ try:
     import triton.language as tl
 
     @triton.jit
+    def norm_rope(src, w_ptr, d, mask, c, s, eps, HALF: tl.constexpr, NORM: tl.constexpr):
+        """Rows of heads at `src + d` (`d`: `[1, BLOCK]` columns of a head of 2 * HALF, rows masked by
+        `mask`), optionally RMS-normalised over each head (as rmsnorm_ref rounds it, weights at `w_ptr`),
+        then rotated by `c` and `s`, the cosine and sine of their position over the full head, in the
+        rows' dtype. Each column is read with its rotate-half partner (`d + HALF` modulo the head), so the
+        result comes out whole. Shared by the RoPE kernel and the decode kernel that rotates as it attends."""
+        ok = mask & (d < 2 * HALF)
+        dp = (d + HALF) % (2 * HALF)
+        x = tl.load(src + d, mask=ok, other=0.0)
+        xp = tl.load(src + dp, mask=ok, other=0.0)
+        dt = x.dtype
+        if NORM:  # normalise in float32, round, multiply by the weight in dtype
+            f, fp = x.to(tl.float32), xp.to(tl.float32)
+            inv = tl.rsqrt(tl.sum(f * f, axis=1) / (2 * HALF) + eps)[:, None]
+            x = ((f * inv).to(dt) * tl.load(w_ptr + d, mask=d < 2 * HALF, other=0.0)).to(dt)
+            xp = ((fp * inv).to(dt) * tl.load(w_ptr + dp, mask=d < 2 * HALF, other=0.0)).to(dt)
+        return (x * c).to(dt) + (tl.where(d < HALF, -xp, xp) * s).to(dt)
+
+    @triton.jit
     def _norm_rope_heads(x_ptr, out_ptr, w_ptr, t, row, c, s, stride_t, stride_h, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
-        # every head of token t: optional RMSNorm over the head (both halves), then the rotation;
-        # the result is row `row` of a contiguous [rows, H, 2 * HALF] output
+        # every head of token t, normalised and rotated; the result is row `row` of a contiguous [rows, H, 2 * HALF] output
         h = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
-        mask = (h < H) & (d < HALF)
-        src = x_ptr + t * stride_t + h * stride_h + d
-        x1 = tl.load(src, mask=mask, other=0.0)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0)
-        dt = x1.dtype
-        if NORM:  # as rmsnorm_ref: normalise in float32, round, multiply by the weight in dtype
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            inv = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
-            w1 = tl.load(w_ptr + d, mask=d < HALF, other=0.0)
-            w2 = tl.load(w_ptr + HALF + d, mask=d < HALF, other=0.0)
-            x1 = ((f1 * inv).to(dt) * w1).to(dt)
-            x2 = ((f2 * inv).to(dt) * w2).to(dt)
-        o1 = (x1 * c).to(dt) + (-x2 * s).to(dt)
-        o2 = (x2 * c).to(dt) + (x1 * s).to(dt)
-        dst = out_ptr + row * (H * 2 * HALF) + h * (2 * HALF) + d
-        tl.store(dst, o1.to(dt), mask=mask)
-        tl.store(dst + HALF, o2.to(dt), mask=mask)
+        o = norm_rope(x_ptr + t * stride_t + h * stride_h, w_ptr, d, h < H, c, s, eps, HALF, NORM)
+        tl.store(out_ptr + row * (H * 2 * HALF) + h * (2 * HALF) + d, o, mask=(h < H) & (d < 2 * HALF))
 
     @triton.jit
     def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_stride_t, q_stride_h, k_stride_t, k_stride_h, cos_stride, eps,
                      v_ptr, vc_ptr, loc_ptr, v_stride_t, v_stride_h,
                      HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-                     STORE: tl.constexpr, BLOCK_V: tl.constexpr):
+                     STORE: tl.constexpr):
         # one program per token, q heads and k heads in the same launch; outputs are contiguous.
         # STORE: `ko_ptr` is the layer's key cache and k goes to row `loc[t]` of it, and the
         # token's value row is copied to the same row of the value cache `vc_ptr`
@@ -58,22 +62,38 @@ try:
         pos = tl.load(pos_ptr + t).to(tl.int64)
         d = tl.arange(0, BLOCK_D)[None, :]
         dt = qo_ptr.dtype.element_ty
-        c = tl.load(cos_ptr + pos * cos_stride + d, mask=d < HALF, other=0.0).to(dt)
-        s = tl.load(sin_ptr + pos * cos_stride + d, mask=d < HALF, other=0.0).to(dt)
+        c = tl.load(cos_ptr + pos * cos_stride + d, mask=d < 2 * HALF, other=0.0).to(dt)
+        s = tl.load(sin_ptr + pos * cos_stride + d, mask=d < 2 * HALF, other=0.0).to(dt)
         _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, t, t, c, s, q_stride_t, q_stride_h, eps, HQ, HALF, BLOCK_HQ, BLOCK_D, NORM)
         if STORE:
             slot = tl.load(loc_ptr + t).to(tl.int64)
             _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, slot, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
             hv = tl.arange(0, BLOCK_HK)[:, None]
-            dv = tl.arange(0, BLOCK_V)[None, :]
-            mv = (hv < HK) & (dv < 2 * HALF)
-            val = tl.load(v_ptr + t * v_stride_t + hv * v_stride_h + dv, mask=mv)
-            tl.store(vc_ptr + slot * (HK * 2 * HALF) + hv * (2 * HALF) + dv, val, mask=mv)
+            mv = (hv < HK) & (d < 2 * HALF)
+            val = tl.load(v_ptr + t * v_stride_t + hv * v_stride_h + d, mask=mv)
+            tl.store(vc_ptr + slot * (HK * 2 * HALF) + hv * (2 * HALF) + d, val, mask=mv)
         else:
             _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, t, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
 
 except ImportError:  # pragma: no cover
     triton = None
+
+
+@dataclass
+class PendingRope:
+    """A decode step's keys and values as the QKV projection left them, for a kernel that applies the
+    norms and RoPE and stores them on its way (`decode_attention`): what `apply_rope_and_store` takes
+    besides q and the caches. k and v `[tokens, kv_heads, head_dim]` (rows may be strided views of the
+    projection's output); positions and out_loc `[tokens]`; cos and sin `[max_pos, head_dim]` float32;
+    qk_norm: (q weight, k weight, eps) for a model that normalises each head (Qwen3), else None."""
+
+    positions: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out_loc: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -103,8 +123,8 @@ def _launch(positions, q, k, q_out, k_out, cos_cache, sin_cache, qk_norm, store=
         q, k, q_out, k_out, positions, cos_cache, sin_cache, qw, kw,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_cache.stride(0), eps,
         v, v_cache, loc, v.stride(0), v.stride(1),
-        HQ=hq, HK=hk, HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_D=next_pow2(d // 2), NORM=qk_norm is not None,
-        STORE=store is not None, BLOCK_V=next_pow2(d),
+        HQ=hq, HK=hk, HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_D=next_pow2(d), NORM=qk_norm is not None,
+        STORE=store is not None,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from minisgl.kernel import apply_rope, apply_rope_and_store, store_kv
+from minisgl.kernel import PendingRope, apply_rope, apply_rope_and_store, store_kv
 
 from .base import BaseOP
 from .norm import RMSNorm
@@ -75,12 +75,15 @@ class RotaryEmbedding(BaseOP):
         a, b = x.chunk(2, dim=-1)
         return torch.cat([-b, a], dim=-1)
 
+    @staticmethod
+    def _kernel_norm(qk_norm: Optional[Tuple[RMSNorm, RMSNorm]]) -> Optional[Tuple[torch.Tensor, torch.Tensor, float]]:
+        return None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]. `qk_norm`: the
         (q_norm, k_norm) pair of a model that normalises each head first (Qwen3)."""
         if q.is_cuda:  # norms and rotation in one fused kernel (minisgl.kernel)
-            norm = None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
-            return apply_rope(positions, q, k, self._cos, self._sin, norm)
+            return apply_rope(positions, q, k, self._cos, self._sin, self._kernel_norm(qk_norm))
         if qk_norm is not None:
             q, k = qk_norm[0].forward(q), qk_norm[1].forward(k)
         cos = self._cos[positions].unsqueeze(1).to(q.dtype)
@@ -94,8 +97,12 @@ class RotaryEmbedding(BaseOP):
         """`forward`, then the rotated k and v written to slots `out_loc` of the caches; returns
         the rotated q. On CUDA one kernel does the norms, the rotation and the store."""
         if q.is_cuda:
-            norm = None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
-            return apply_rope_and_store(positions, q, k, v, self._cos, self._sin, k_cache, v_cache, out_loc, norm)
+            return apply_rope_and_store(positions, q, k, v, self._cos, self._sin, k_cache, v_cache, out_loc, self._kernel_norm(qk_norm))
         q, k = self.forward(positions, q, k, qk_norm)
         store_kv(k, v, k_cache, v_cache, out_loc)
         return q
+
+    def pending(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None) -> PendingRope:
+        """What a decode kernel needs to apply the norms and this rotation to q and k itself and store
+        k and v at `out_loc` (see `BaseAttnBackend.forward_rotating`)."""
+        return PendingRope(positions, k, v, out_loc, self._cos, self._sin, self._kernel_norm(qk_norm))

@@ -41,15 +41,22 @@ class Attention(BaseOP):
         k = k.view(-1, p.num_kv_heads, d)
         v = v.view(-1, p.num_kv_heads, d)
         norm = (self.q_norm, self.k_norm) if self._qk_norm else None
-        # v stays a strided view of the projection: the KV store reads it in place
+        # v stays a strided view of the projection: the KV store reads it in place. A decode batch's
+        # attention kernel may apply the norms and RoPE and store k and v itself (one launch a layer fewer)
+        o = ctx.attn_backend.forward_rotating(q, self._rotary.pending(ctx.batch.positions, k, v, ctx.batch.out_loc, norm), self.layer_id, ctx.batch)
+        if o is None:
+            o = self._rotate_then_attend(q, k, v, norm)
+        return self.o_proj(o.reshape(len(x), -1)), residual
+
+    def _rotate_then_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: Optional[Tuple[RMSNorm, RMSNorm]]) -> torch.Tensor:
+        ctx = get_global_ctx()
         dest = ctx.attn_backend.kv_destination(self.layer_id)
         if dest is None:
             q, k = self._rotary(ctx.batch.positions, q, k, norm)
-            o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        else:  # the backend lets RoPE write k and v into the pool: one kernel for both
-            q = self._rotary.forward_and_store(ctx.batch.positions, q, k, v, *dest, ctx.batch.out_loc, norm)
-            o = ctx.attn_backend.forward(q, None, None, self.layer_id, ctx.batch)
-        return self.o_proj(o.reshape(len(x), -1)), residual
+            return ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        # the backend lets RoPE write k and v into the pool: one kernel for both
+        q = self._rotary.forward_and_store(ctx.batch.positions, q, k, v, *dest, ctx.batch.out_loc, norm)
+        return ctx.attn_backend.forward(q, None, None, self.layer_id, ctx.batch)
 
 
 class MLP(BaseOP):

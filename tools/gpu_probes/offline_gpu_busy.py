@@ -10,7 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minisgl.benchmark import offline as B
 
-KINDS = [("attention (FlashInfer decode)", ("BatchDecode",)), ("attention (FlashInfer prefill)", ("BatchPrefill",)),
+KINDS = [("attention (Triton decode)", ("_decode_kernel",)), ("attention (FlashInfer decode)", ("BatchDecode",)), ("attention (FlashInfer prefill)", ("BatchPrefill",)),
          ("merge of pieces", ("merge_pieces",)), ("FlashInfer merge", ("Merge", "merge_state")),
          ("projections (GEMM)", ("gemm", "nvjet", "cutlass", "sm90_xmma", "splitKreduce", "Kernel2")),
          ("norms", ("rmsnorm", "norm")), ("RoPE + KV store", ("rope",)), ("SiLU", ("silu",)),

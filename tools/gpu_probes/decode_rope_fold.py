@@ -1,0 +1,84 @@
+"""A decode layer's RoPE (with Qwen3's qk-norm) and KV store folded into the Triton decode kernel, against
+the two launches the engine made before (`apply_rope_and_store`, then the decode attention: the Triton
+kernel up to 4 and from 64 requests, FlashInfer's decode planned for CUDA graphs in between). At the offline
+workload's lengths in the engine's slot layout, q/k/v as views of one projection output; microseconds a
+layer, in a CUDA graph. Between 5 and 63 requests it also tries the folded kernel at both tiles and 2-16
+splits. Each folded variant's output is checked against the two-launch path.
+`python tools/gpu_probes/decode_rope_fold.py` (tools/gpu_probes on the path)"""
+import random
+
+import torch
+
+from _timing import graph_us
+from decode_head_order import D, HKV, HQ, case, dev, dt
+from minisgl.kernel import (LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, PendingRope, apply_rope_and_store, decode_attention,
+                            decode_splits)
+from minisgl.layers.rotary import RotaryEmbedding
+
+LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
+
+
+def flashinfer_wrapper(table, lens):
+    import flashinfer
+
+    bs = len(lens)
+    indices = torch.cat([table[i, :n] for i, n in enumerate(lens)])
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=dev), paged_kv_indices_buffer=torch.zeros(len(indices), dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev))
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    w.plan(indptr, indices, torch.ones(bs, dtype=torch.int32), HQ, HKV, D, 1, q_data_type=dt, kv_data_type=dt)
+    return w
+
+
+def main() -> None:
+    rng = random.Random(0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rope = RotaryEmbedding(D, 4096, 1e6, None, dev)
+    norm = (torch.randn(D, dtype=dt, device=dev), torch.randn(D, dtype=dt, device=dev), 1e-6)
+    for bs in (1, 4, 8, 12, 16, 24, 32, 48, 63, 64, 128, 192, 256):
+        lens, table, slots = case(bs, "engine", rng)
+        kc = torch.randn(slots, HKV, D, dtype=dt, device=dev)
+        vc = torch.randn_like(kc)
+        qkv = torch.randn(bs, (HQ + 2 * HKV) * D, dtype=dt, device=dev)
+        q, k, v = (t.view(bs, -1, D) for t in qkv.split([HQ * D, HKV * D, HKV * D], dim=-1))
+        rows = torch.arange(bs, dtype=torch.int32, device=dev)
+        kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
+        loc = table[rows.long(), kvl.long() - 1].long()
+        pos = (kvl - 1).long()
+        pending = PendingRope(pos, k, v, loc, rope._cos, rope._sin, norm)
+        scratch = DecodeScratch.for_batches(bs, HKV, HQ // HKV, D, sms, dev, pieces=bs * 64, rows=bs)
+
+        def rope_then(attend):
+            def fn():
+                qr = apply_rope_and_store(pos, q, k, v, rope._cos, rope._sin, kc, vc, loc, norm)
+                return attend(qr)
+            return fn
+
+        if 4 < bs < 64:
+            w = flashinfer_wrapper(table, lens)
+            paged = (kc.view(-1, 1, HKV, D), vc.view(-1, 1, HKV, D))
+            before_name, before = "rope + FlashInfer", rope_then(lambda qr: w.run(qr, paged))
+        else:
+            splits, tile = (decode_splits(bs, HKV, sms), {}) if bs <= 4 else (2, LARGE)
+            before_name = f"rope + Triton ({splits} splits, {'large' if tile else 'small'} tile)"
+            before = rope_then(lambda qr: decode_attention(qr, kc, vc, table, rows, kvl, scratch, splits, **tile))
+        want = before().clone()
+        t_before = graph_us(before)
+        t_rope = graph_us(lambda: apply_rope_and_store(pos, q, k, v, rope._cos, rope._sin, kc, vc, loc, norm))
+        if bs <= 4:
+            setups = [(decode_splits(bs, HKV, sms), "small", {})]
+        elif bs >= 64:
+            setups = [(2, "large", LARGE)]
+        else:
+            setups = [(s, name, t) for s in (2, 4, 8, 16) for name, t in (("large", LARGE), ("small", {}))]
+        cells = []
+        for splits, name, tile in setups:
+            fn = lambda s=splits, t=tile: decode_attention(q, kc, vc, table, rows, kvl, scratch, s, rope=pending, **t)
+            err = (fn().float() - want.float()).abs().max().item()
+            cells.append(f"{splits}x{name} {graph_us(fn):.1f} (err {err:.0e})")
+        print(f"bs {bs:3} ({sum(lens) // bs} keys avg): {before_name} {t_before:.1f} us (rope alone {t_rope:.1f}) | folded: " + ", ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
