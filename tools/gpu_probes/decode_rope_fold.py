@@ -3,7 +3,7 @@ the two launches the engine made before (`apply_rope_and_store`, then the decode
 kernel up to 4 and from 64 requests, FlashInfer's decode planned for CUDA graphs in between). At the offline
 workload's lengths in the engine's slot layout, q/k/v as views of one projection output; microseconds a
 layer, in a CUDA graph. Between 5 and 63 requests it also tries the folded kernel at both tiles and 2-16
-splits. Each folded variant's output is checked against the two-launch path.
+splits, from 64 the small tile at 2 and 4 splits too. Each folded variant's output is checked against the two-launch path.
 `python tools/gpu_probes/decode_rope_fold.py` (tools/gpu_probes on the path)"""
 import random
 
@@ -68,8 +68,8 @@ def main() -> None:
         t_rope = graph_us(lambda: apply_rope_and_store(pos, q, k, v, rope._cos, rope._sin, kc, vc, loc, norm))
         if bs <= 4:
             setups = [(decode_splits(bs, HKV, sms), "small", {})]
-        elif bs >= 64:
-            setups = [(2, "large", LARGE)]
+        elif bs >= 64:  # the small tile fits two programs an SM: does it hide the longer start?
+            setups = [(2, "large", LARGE), (2, "small", {}), (4, "small", {})]
         else:
             setups = [(s, name, t) for s in (2, 4, 8, 16) for name, t in (("large", LARGE), ("small", {}))]
         cells = []
