@@ -109,6 +109,10 @@ try:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             l = l * alpha + tl.sum(p, axis=1)
             m = m_new
+        if nsplit == 1:  # the only split: its result is the output (what the merge would compute, bit for bit)
+            head_o = (b * HKV + h) * G + g
+            tl.store(out_ptr + head_o[:, None] * D + d[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+            return
         # partials of the G real query rows: [B, HKV, SPLITS, GR, D] and [B, HKV, SPLITS, GR, 2]
         base = (b * HKV + h) * SPLITS
         tl.store(part_ptr + ((base + s) * GR + g[:, None]) * D + d[None, :], acc, mask=g_ok[:, None])
