@@ -41,8 +41,8 @@ def case(bs: int, layout: str, rng: random.Random):
     return lens, table.to(dev), max(at, sum(lens))
 
 
-def flashinfer_us(q, k, v, table, lens) -> float:
-    """FlashInfer's decode of whole requests (page size 1), planned for CUDA graphs as the engine plans it."""
+def flashinfer_wrapper(table, lens):
+    """FlashInfer's decode wrapper for whole requests (page size 1), planned for CUDA graphs as the engine plans it."""
     bs = len(lens)
     indices = torch.cat([table[i, :n] for i, n in enumerate(lens)])
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
@@ -50,6 +50,12 @@ def flashinfer_us(q, k, v, table, lens) -> float:
         paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev))
     indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     w.plan(indptr, indices, torch.ones(bs, dtype=torch.int32), HQ, HKV, D, 1, q_data_type=dt, kv_data_type=dt)
+    return w
+
+
+def flashinfer_us(q, k, v, table, lens) -> float:
+    """FlashInfer's decode of whole requests, timed."""
+    w = flashinfer_wrapper(table, lens)
     paged = (k.view(-1, 1, HKV, D), v.view(-1, 1, HKV, D))
     return graph_us(lambda: w.run(q, paged))
 

@@ -10,25 +10,12 @@ import random
 import torch
 
 from _timing import graph_us
-from decode_head_order import D, HKV, HQ, case, dev, dt
+from decode_head_order import D, HKV, HQ, case, dev, dt, flashinfer_wrapper
 from minisgl.kernel import (LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, PendingRope, apply_rope_and_store, decode_attention,
                             decode_splits)
 from minisgl.layers.rotary import RotaryEmbedding
 
 LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
-
-
-def flashinfer_wrapper(table, lens):
-    import flashinfer
-
-    bs = len(lens)
-    indices = torch.cat([table[i, :n] for i, n in enumerate(lens)])
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
-        paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=dev), paged_kv_indices_buffer=torch.zeros(len(indices), dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev))
-    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    w.plan(indptr, indices, torch.ones(bs, dtype=torch.int32), HQ, HKV, D, 1, q_data_type=dt, kv_data_type=dt)
-    return w
 
 
 def main() -> None:
