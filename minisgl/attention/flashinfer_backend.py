@@ -61,12 +61,19 @@ DECODE_PIECES_MIN_BS = 96
 # requests ("RoPE inside the decode kernel"). So FlashInfer decodes only models whose heads it alone
 # serves (head_dim above 128), or batches of LARGE_DECODE_MIN_BS raised, as tests do.
 LARGE_DECODE_MIN_BS = SMALL_DECODE_MAX_BS + 1
-# Each request's keys in at least LARGE_DECODE_SPLITS splits (one was 9-26% slower at 64-256 requests, four
+# Below LARGE_DECODE_ONE_SPLIT_MIN_BS each request's keys in at least LARGE_DECODE_SPLITS splits (one, before a
+# lone split wrote its own output, was 9-26% slower at 64-256 requests, four
 # 0-4%), and below 64 requests enough splits for about LARGE_DECODE_PROGRAMS_PER_SM programs per SM: the
 # best split count of 2-16 at every measured batch of 8-63 requests on an H200 (8 splits at 8 requests,
 # 4 at 12, 2 from 24).
 LARGE_DECODE_SPLITS = 2
 LARGE_DECODE_PROGRAMS_PER_SM = 4
+# From this many requests each request's keys are one split: its program writes the output itself (no partials,
+# counter or merge; the same bits), and there are programs enough to keep every SM busy. In the kernel alone,
+# one split against two took 141.9 / 145.5 us a layer at 160 requests and 213.4 / 220.5 at 256 (equal at
+# 64-128); through the engine, the offline workload's decode steps of 193-256 requests 5.91-5.95 against
+# 6.19-6.21 ms ("One split a request from 160 requests").
+LARGE_DECODE_ONE_SPLIT_MIN_BS = 160
 # Up to this many requests the decode kernel also applies the norms and RoPE to q and this step's k and
 # stores k and v itself (`forward_rotating`), one launch a layer fewer: 10.7 -> 9.2 us a layer at one
 # request, 17.5 -> 14.2 at 8 (against FlashInfer), 71.1 -> 66.1 at 63. From 64 requests the separate RoPE
@@ -257,6 +264,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         return bs <= self.small_decode_max_bs or bs >= self.large_decode_min_bs
 
     def _large_splits(self, bs: int) -> int:
+        if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS:
+            return 1
         return max(LARGE_DECODE_SPLITS, decode_splits(bs, self.num_kv_heads, self._sms, LARGE_DECODE_PROGRAMS_PER_SM))
 
     def _small_decode(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> SmallDecodeMetadata:
