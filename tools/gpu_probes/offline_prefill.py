@@ -1,8 +1,11 @@
 """The offline workload's prefill phase, first run of a fresh process: each step's host time, the GPU's
 time from that step's launch to the next one's (events on the stream), and the SM clock and power the
 driver reports; with `--profile`, the profiler over the prefill phase only (kernel time, the GPU's busy
-span, the host calls that took the most time).
-`python tools/gpu_probes/offline_prefill.py [--model DIR] [--profile]`"""
+span, the host calls that took the most time); with `--cprofile`, Python's own profiler over the same
+phase (which Python functions the host's time goes to).
+`python tools/gpu_probes/offline_prefill.py [--model DIR] [--profile | --cprofile]`"""
+import cProfile
+import pstats
 import argparse
 import os
 import time
@@ -15,8 +18,10 @@ from minisgl.benchmark import offline as B
 from minisgl.scheduler import scheduler as S
 
 
-def run(llm, workload, label: str, profiled: bool) -> None:
+def run(llm, workload, label: str, profiled: bool, python_profiled: bool = False) -> None:
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if profiled else None
+    pyprof = cProfile.Profile() if python_profiled else None
+    profiled = profiled or python_profiled
     walls, marks, clocks = [], [], []
     orig = S.Scheduler.step
     state = {"on": profiled}
@@ -35,13 +40,18 @@ def run(llm, workload, label: str, profiled: bool) -> None:
         walls.append((new[0].phase if new else "-", sum(new[0].extend_lens) if new else 0, time.perf_counter() - t))
         if state["on"] and not (self.prefill.pending or self.prefill.chunked):
             torch.cuda.synchronize()
-            prof.stop()
+            if pyprof is not None:
+                pyprof.disable()
+            if prof is not None:
+                prof.stop()
             state["on"] = False
 
     S.Scheduler.step = step
     try:
         if prof is not None:
             prof.start()
+        if pyprof is not None:
+            pyprof.enable()
         r = B.run_workload(llm, workload)
     finally:
         S.Scheduler.step = orig
@@ -54,6 +64,10 @@ def run(llm, workload, label: str, profiled: bool) -> None:
     for i, (ph, tok, w) in enumerate(walls[: len(gpu)]):
         c = clocks[i]
         print(f"    {ph[0]}{tok:<6} host {w * 1e3:6.1f}  gpu {gpu[i]:6.1f}" + (f"  {c[0]} MHz {c[1]:.0f} W" if c else ""))
+    if pyprof is not None:
+        stats = pstats.Stats(pyprof)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(30)
     if prof is None:
         return
     events = prof.events()
@@ -81,12 +95,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/qwen3-0.6b-dummy")
     ap.add_argument("--profile", action="store_true", help="profile the first run's prefill phase")
+    ap.add_argument("--cprofile", action="store_true", help="Python's profiler over the first run's prefill phase")
     a = ap.parse_args()
     print("package:", os.path.dirname(minisgl.__file__))
     llm = B.build_llm(a.model, dummy_weights=not B.has_weights(a.model))
     B.warm_up(llm)
     workload = B.make_workload()
-    run(llm, workload, "run 1" + (" (prefill profiled)" if a.profile else ""), a.profile)
+    run(llm, workload, "run 1" + (" (prefill profiled)" if a.profile or a.cprofile else ""), a.profile, a.cprofile)
     B.release(llm)
 
 
