@@ -404,10 +404,11 @@ def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
                 got = K.decode_attention(*args, scratch, splits)
                 torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
             assert int(scratch.count.abs().sum()) == 0
-        # the large-batch tile: 128 keys a step, two pipeline stages
-        for _ in range(2):
-            got = K.decode_attention(*args, scratch, 2, K.LARGE_BATCH_BLOCK, K.LARGE_BATCH_STAGES)
-            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+        # the large-batch tile: 128 keys a step, two pipeline stages; one split a request from 160 requests
+        for splits in (1, 2):
+            for _ in range(2):
+                got = K.decode_attention(*args, scratch, splits, K.LARGE_BATCH_BLOCK, K.LARGE_BATCH_STAGES)
+                torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
         assert int(scratch.count.abs().sum()) == 0
         # the grid's order only changes which programs run side by side: the same bits either way
         for splits in (1, 4):
