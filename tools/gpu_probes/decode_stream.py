@@ -23,7 +23,6 @@ from minisgl.kernel.util import next_pow2
 
 STREAM_BLOCK = 128  # keys per tile, the large-batch tile's
 STREAM_STAGES = 2
-_INFO = 4  # int32 per tile: item, page-table row, first key, the request's key count
 
 
 @triton.jit
