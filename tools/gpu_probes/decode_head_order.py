@@ -41,6 +41,16 @@ def case(bs: int, layout: str, rng: random.Random):
     return lens, table.to(dev), max(at, sum(lens))
 
 
+def batch(bs: int, layout: str, rng: random.Random):
+    """`case` on the GPU with random caches and queries: key counts, page table, k and v caches, q, rows and key
+    counts as int32 tensors."""
+    lens, table, slots = case(bs, layout, rng)
+    k = torch.randn(slots, HKV, D, dtype=dt, device=dev)
+    v = torch.randn_like(k)
+    q = torch.randn(bs, HQ, D, dtype=dt, device=dev)
+    return lens, table, k, v, q, torch.arange(bs, dtype=torch.int32, device=dev), torch.tensor(lens, dtype=torch.int32, device=dev)
+
+
 def flashinfer_wrapper(table, lens):
     """FlashInfer's decode wrapper for whole requests (page size 1), planned for CUDA graphs as the engine plans it."""
     bs = len(lens)
@@ -65,12 +75,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for layout in ("random", "engine"):
         for bs in (1, 4, 16, 32, 64, 128, 192, 256):
-            lens, table, slots = case(bs, layout, rng)
-            k = torch.randn(slots, HKV, D, dtype=dt, device=dev)
-            v = torch.randn_like(k)
-            q = torch.randn(bs, HQ, D, dtype=dt, device=dev)
-            rows = torch.arange(bs, dtype=torch.int32, device=dev)
-            kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
+            lens, table, k, v, q, rows, kvl = batch(bs, layout, rng)
             large_tile = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
             if bs >= 64:
                 setups = [(2, "large", large_tile)]

@@ -8,7 +8,7 @@ import random
 import torch
 
 from _timing import graph_us
-from decode_head_order import D, HKV, HQ, case, dev, dt
+from decode_head_order import D, HKV, HQ, batch, dev
 from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention
 
 LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
@@ -18,12 +18,7 @@ def main() -> None:
     rng = random.Random(0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for bs in (64, 96, 128, 160, 192, 224, 256):
-        lens, table, slots = case(bs, "engine", rng)
-        kc = torch.randn(slots, HKV, D, dtype=dt, device=dev)
-        vc = torch.randn_like(kc)
-        q = torch.randn(bs, HQ, D, dtype=dt, device=dev)
-        rows = torch.arange(bs, dtype=torch.int32, device=dev)
-        kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
+        lens, table, kc, vc, q, rows, kvl = batch(bs, "engine", rng)
         scratch = DecodeScratch.for_batches(bs, HKV, HQ // HKV, D, sms, dev, pieces=bs * 4, rows=bs)
         want = decode_attention(q, kc, vc, table, rows, kvl, scratch, 2, **LARGE).float()
         cells = []

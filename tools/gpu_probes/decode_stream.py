@@ -249,21 +249,17 @@ VARIANTS = [("if 1x128x2", 1, 2, 128, False), ("if 1x128x3", 1, 3, 128, False), 
 
 def main() -> None:
     from _timing import graph_us
-    from decode_head_order import D, HKV, HQ, case, dt
+    from decode_head_order import D, HKV, HQ, batch
+    from minisgl.attention.flashinfer_backend import LARGE_DECODE_ONE_SPLIT_MIN_BS, LARGE_DECODE_PROGRAMS_PER_SM, LARGE_DECODE_SPLITS
     from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention, decode_splits
     dev = torch.device("cuda")
     check("cuda")
     rng = random.Random(0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for bs in (16, 64, 128, 256):
-        lens, table, slots = case(bs, "engine", rng)
-        kc = torch.randn(slots, HKV, D, dtype=dt, device=dev)
-        vc = torch.randn_like(kc)
-        q = torch.randn(bs, HQ, D, dtype=dt, device=dev)
-        rows = torch.arange(bs, dtype=torch.int32, device=dev)
-        kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
+        lens, table, kc, vc, q, rows, kvl = batch(bs, "engine", rng)
         scratch = DecodeScratch.for_batches(bs, HKV, HQ // HKV, D, sms, dev, pieces=bs * 16, rows=bs)
-        splits = 1 if bs >= 160 else max(2, decode_splits(bs, HKV, sms, 4))
+        splits = 1 if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS else max(LARGE_DECODE_SPLITS, decode_splits(bs, HKV, sms, LARGE_DECODE_PROGRAMS_PER_SM))  # the engine's
         engine = lambda: decode_attention(q, kc, vc, table, rows, kvl, scratch, splits, block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
         want = engine().float()
         cells = [f"engine ({splits} splits) {graph_us(engine):.1f}"]
