@@ -78,11 +78,13 @@ def test_the_overlap_switch_sets_the_default_and_a_keyword_wins(monkeypatch):
     assert LLM(TINY_LLAMA, overlap=True, **SMALL).config.overlap is True
 
 
-def test_the_offline_llm_prefills_in_fuller_steps_than_a_server_on_the_cpu():
+def test_the_offline_llm_prefills_in_fuller_steps_than_a_server():
     """Every step reads all the weights: offline, fewer and fuller prefill steps win; a server
     keeps its steps short, because running streams wait for each one."""
     llm = LLM(TINY_LLAMA, **SMALL)
     server = SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA), **SMALL))
     assert (llm.config.max_extend_tokens, server.max_extend_tokens) == (4096, 256)
-    assert scheduler_config_module.default_extend_budget("cuda", offline=True) == scheduler_config_module.default_extend_budget("cuda") == 8192
+    # on a GPU the offline steps are twice a server's: an eager prefill step's launches cost the host about
+    # the same at any length, and at 8192 tokens the GPU waited on them
+    assert (scheduler_config_module.default_extend_budget("cuda", offline=True), scheduler_config_module.default_extend_budget("cuda")) == (16384, 8192)
     assert LLM(TINY_LLAMA, max_extend_tokens=16, **SMALL).config.max_extend_tokens == 16  # a choice is kept

@@ -164,11 +164,10 @@ def test_small_decode_batches_take_the_one_launch_kernel_and_match_torch_backend
 
 @gpu
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("bs", [5, 64, 160])
+@pytest.mark.parametrize("bs", [5, 63, 64, 160])
 def test_larger_decode_batches_take_the_kernel_and_match_torch_backend(page_size, bs):
-    from minisgl.attention.flashinfer_backend import (LARGE_DECODE_MIN_BS, LARGE_DECODE_ONE_SPLIT_MIN_BS, LARGE_DECODE_PROGRAMS_PER_SM, LARGE_DECODE_SPLITS,
-                                                      SmallDecodeMetadata)
-    from minisgl.kernel import decode_splits
+    from minisgl.attention.flashinfer_backend import (DECODE_LONGEST_FIRST_MAX_BS, LARGE_DECODE_MIN_BS, LARGE_DECODE_ONE_SPLIT_MIN_BS, LARGE_DECODE_SPLITS,
+                                                      SmallDecodeMetadata, large_decode_splits)
 
     assert LARGE_DECODE_MIN_BS <= bs  # the default threshold routes both sizes to the kernel
     rng = random.Random(2)
@@ -176,10 +175,16 @@ def test_larger_decode_batches_take_the_kernel_and_match_torch_backend(page_size
     want, got, meta = _attention_both(specs, "decode", page_size, large_decode_min_bs=LARGE_DECODE_MIN_BS)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert isinstance(meta, SmallDecodeMetadata) and meta.large
-    if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS:  # one split a request: each program writes its request's output
-        assert meta.splits == 1
-    else:
-        assert meta.splits == max(LARGE_DECODE_SPLITS, decode_splits(bs, 8, sms, LARGE_DECODE_PROGRAMS_PER_SM)) and meta.splits >= LARGE_DECODE_SPLITS
+    assert meta.splits == large_decode_splits(bs, 8, sms)
+    # one split a request from LARGE_DECODE_ONE_SPLIT_MIN_BS (each program writes its request's output), at least two below
+    assert (meta.splits == 1) if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS else (meta.splits >= LARGE_DECODE_SPLITS)
+    entries = meta.kv_lens.tolist()
+    if bs <= DECODE_LONGEST_FIRST_MAX_BS:  # the kernel's entries list the requests longest first, each found again through `order`
+        order = meta.order.tolist()
+        assert entries == sorted(entries, reverse=True) and sorted(order) == list(range(bs))
+        assert [specs[i][1] for i in order] == entries
+    else:  # in the order they come
+        assert meta.order is None and entries == [n for _, n in specs]
     _assert_matches_torch(want, got)
 
 

@@ -415,6 +415,17 @@ def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
             by_order = [K.decode_attention(*args, scratch, splits, heads_first=hf) for hf in (True, False)]
             assert torch.equal(by_order[0], by_order[1])
         assert int(scratch.count.abs().sum()) == 0
+        # entries listed in another order than the requests (the engine lists the longest first; the case's
+        # requests already are, so here the shortest): each entry's query and output found through `order`,
+        # and again the same bits as in request order
+        q, kc, vc, table, rows, kv_lens = args
+        order = torch.argsort(kv_lens, stable=True).to(torch.int32)
+        assert not torch.equal(order.cpu(), torch.arange(bs, dtype=torch.int32))  # a real permutation
+        for splits, tile in ((1, {}), (4, {}), (1, large := dict(block=K.LARGE_BATCH_BLOCK, stages=K.LARGE_BATCH_STAGES)), (2, large)):
+            plain = K.decode_attention(*args, scratch, splits, **tile)
+            listed = K.decode_attention(q, kc, vc, table, rows[order.long()], kv_lens[order.long()], scratch, splits, order=order, **tile)
+            assert torch.equal(listed, plain)
+        assert int(scratch.count.abs().sum()) == 0
 
 
 _DECODE_INTERPRETED = """
@@ -462,6 +473,15 @@ def _decode_rope_checks(dtype, device, tol, sms, hq=16, hkv=8, d=128, lens=(1, 2
             torch.testing.assert_close(got_kc.float(), kc.float(), atol=tol, rtol=tol)  # only the new keys moved
             assert torch.equal(got_vc, vc)
             assert int(scratch.count.abs().sum()) == 0
+            # entries in another order (shortest first): each rotates and stores its own request's key, and
+            # writes its output row
+            order = torch.argsort(kv_lens, stable=True).to(torch.int32)
+            got_kc, got_vc = kc0.clone(), vc0.clone()
+            listed = K.decode_attention(q, got_kc, got_vc, table, rows[order.long()], kv_lens[order.long()], scratch, splits, rope=pending,
+                                        order=order, **tile)
+            torch.testing.assert_close(listed.float(), want.float(), atol=tol, rtol=tol)
+            torch.testing.assert_close(got_kc.float(), kc.float(), atol=tol, rtol=tol)
+            assert torch.equal(got_vc, vc)
 
 
 _DECODE_ROPE_INTERPRETED = """

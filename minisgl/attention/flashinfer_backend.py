@@ -61,25 +61,40 @@ DECODE_PIECES_MIN_BS = 96
 # requests ("RoPE inside the decode kernel"). So FlashInfer decodes only models whose heads it alone
 # serves (head_dim above 128), or batches of LARGE_DECODE_MIN_BS raised, as tests do.
 LARGE_DECODE_MIN_BS = SMALL_DECODE_MAX_BS + 1
-# Below LARGE_DECODE_ONE_SPLIT_MIN_BS each request's keys in at least LARGE_DECODE_SPLITS splits (one, before a
-# lone split wrote its own output, was 9-26% slower at 64-256 requests, four
-# 0-4%), and below 64 requests enough splits for about LARGE_DECODE_PROGRAMS_PER_SM programs per SM: the
-# best split count of 2-16 at every measured batch of 8-63 requests on an H200 (8 splits at 8 requests,
-# 4 at 12, 2 from 24).
+# Below LARGE_DECODE_ONE_SPLIT_MIN_BS each request's keys in at least LARGE_DECODE_SPLITS splits, and
+# enough splits for about LARGE_DECODE_PROGRAMS_PER_SM programs per SM: the best split count of 1-16 at
+# every measured batch of 8-48 requests on an H200 (8 splits at 8 requests, 4 at 12-16, 2 from 24).
 LARGE_DECODE_SPLITS = 2
 LARGE_DECODE_PROGRAMS_PER_SM = 4
-# From this many requests each request's keys are one split: its program writes the output itself (no partials,
-# counter or merge; the same bits), and there are programs enough to keep every SM busy. In the kernel alone,
-# one split against two took 141.9 / 145.5 us a layer at 160 requests and 213.4 / 220.5 at 256 (equal at
-# 64-128); through the engine, the offline workload's decode steps of 193-256 requests 5.91-5.95 against
-# 6.19-6.21 ms ("One split a request from 160 requests").
-LARGE_DECODE_ONE_SPLIT_MIN_BS = 160
+# From this many requests each request's keys are one split: its program writes the output itself (no
+# partials, counter or merge; the same bits). With the requests longest first (below), one split against two
+# took 56.5 / 63.8 us a layer at 56 requests (RoPE folded in), 54.9 / 60.8 at 64, 75.3 / 85.1 at 96 and
+# 206.5 / 214.9 at 256; at 48, 50.3 / 47.9 (`tools/gpu_probes/decode_longest_first.py`; minisgl/benchmark/
+# RESULTS.md, "The longest requests first, and one split from 56 requests").
+LARGE_DECODE_ONE_SPLIT_MIN_BS = 56
 # Up to this many requests the decode kernel also applies the norms and RoPE to q and this step's k and
 # stores k and v itself (`forward_rotating`), one launch a layer fewer: 10.7 -> 9.2 us a layer at one
 # request, 17.5 -> 14.2 at 8 (against FlashInfer), 71.1 -> 66.1 at 63. From 64 requests the separate RoPE
 # launch is faster (214.5 against 219.4 us at 256): every program's longer start (rotating its queries, the
 # last split writing the new key before reading) costs more than the launch it saves.
 ROPE_IN_DECODE_MAX_BS = 63
+# The decode kernel's programs start in the order of its entries, and with a few programs an SM the grid's
+# last wave decides when a layer ends. From LARGE_DECODE_MIN_BS up to this many requests the entries list
+# the requests longest first (the page table's rows and key counts in that order, and where each request's
+# query and output are), so that wave holds the shortest programs, not whichever requests came last. At the
+# offline workload's lengths: 36.2 against 41.9 us a layer at 32 requests (two splits), 54.9 against 61.8 at
+# 64 and 101.7 against 108.2 at 128 (one split); equal at 16 and 224-256, and through the engine the decode
+# steps of 193-256 requests were 2-3% slower with them listed, so from 160 requests they come as they are.
+DECODE_LONGEST_FIRST_MAX_BS = 159
+
+
+def large_decode_splits(bs: int, num_kv_heads: int, num_sms: int) -> int:
+    """Splits per request for the decode kernel at its large-batch tile: one from LARGE_DECODE_ONE_SPLIT_MIN_BS
+    requests; below, at least LARGE_DECODE_SPLITS, and more where that makes about
+    LARGE_DECODE_PROGRAMS_PER_SM programs per SM."""
+    if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS:
+        return 1
+    return max(LARGE_DECODE_SPLITS, decode_splits(bs, num_kv_heads, num_sms, LARGE_DECODE_PROGRAMS_PER_SM))
 
 
 @dataclass
@@ -99,10 +114,11 @@ class FlashInferMetadata(BaseAttnMetadata):
 
 @dataclass
 class SmallDecodeMetadata(BaseAttnMetadata):
-    rows: torch.Tensor  # [bs] int32 page-table rows, on the device
-    kv_lens: torch.Tensor  # [bs] int32 keys per request, on the device
+    rows: torch.Tensor  # [bs] int32 page-table rows, on the device, in the kernel's entry order
+    kv_lens: torch.Tensor  # [bs] int32 keys per entry, on the device
     splits: int  # pieces each request's keys are cut into (see `decode_splits`)
     large: bool = False  # a batch of LARGE_DECODE_MIN_BS or more: the large-batch tile
+    order: Optional[torch.Tensor] = None  # [bs] int32: the request of each entry (None: entry i is request i)
 
 
 @dataclass
@@ -136,6 +152,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         decode_pieces: Optional[int] = None,
         decode_pieces_min_bs: Optional[int] = None,
         large_decode_min_bs: Optional[int] = None,
+        decode_longest_first_max_bs: Optional[int] = None,
     ):
         import flashinfer
 
@@ -158,6 +175,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.decode_tensor_cores = DECODE_TENSOR_CORES if decode_tensor_cores is None else decode_tensor_cores
         self.decode_pieces = DECODE_PIECES if decode_pieces is None else decode_pieces  # 1: whole requests
         self.decode_pieces_min_bs = DECODE_PIECES_MIN_BS if decode_pieces_min_bs is None else decode_pieces_min_bs
+        self.longest_first_max_bs = DECODE_LONGEST_FIRST_MAX_BS if decode_longest_first_max_bs is None else decode_longest_first_max_bs
         self.dummy_page = pad_slot // kv_cache.page_size  # what padding requests and empty pieces read
         ps, h, d = self.page_size, self.num_kv_heads, self.head_dim
         # per layer: the flat [slots, heads, dim] views we write to, the paged views FlashInfer reads
@@ -172,7 +190,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         rows = page_table.shape[0] - 1
         large_rows = rows if self.large_decode_min_bs <= rows else 0  # room for a batch of every row of the table
-        large_pieces = max((bs * self._large_splits(bs) for bs in range(self.large_decode_min_bs, large_rows + 1)), default=0)
+        large_pieces = max((bs * large_decode_splits(bs, self.num_kv_heads, self._sms) for bs in range(self.large_decode_min_bs, large_rows + 1)), default=0)
         self._small_scratch = DecodeScratch.for_batches(self.small_decode_max_bs, h, num_qo_heads // h, d, self._sms, self.device,
                                                         pieces=large_pieces, rows=large_rows)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
@@ -263,19 +281,20 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def _triton_decode(self, bs: int) -> bool:
         return bs <= self.small_decode_max_bs or bs >= self.large_decode_min_bs
 
-    def _large_splits(self, bs: int) -> int:
-        if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS:
-            return 1
-        return max(LARGE_DECODE_SPLITS, decode_splits(bs, self.num_kv_heads, self._sms, LARGE_DECODE_PROGRAMS_PER_SM))
-
     def _small_decode(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> SmallDecodeMetadata:
-        """Rows and key counts for `decode_attention`, in one copy (into `out`, a graph's buffer, if given)."""
+        """Rows, key counts and (longest first) each entry's request for `decode_attention`, in one copy
+        (into `out`, a graph's buffer, if given)."""
         bs = len(rows)
-        host = torch.tensor(rows + kv_lens, dtype=torch.int32, pin_memory=True)
-        dev = host.to(self.device, non_blocking=True) if out is None else out[: 2 * bs].copy_(host, non_blocking=True)
+        part = -(-bs // 4) * 4  # each of the three parts 16-byte aligned: one compiled kernel for every batch size
+        listed = self.large_decode_min_bs <= bs <= self.longest_first_max_bs  # a few requests' programs are all splits of them
+        order = sorted(range(bs), key=kv_lens.__getitem__, reverse=True) if listed else list(range(bs))
+        pad = [0] * (part - bs)
+        host = torch.tensor([rows[i] for i in order] + pad + [kv_lens[i] for i in order] + pad + order + pad, dtype=torch.int32, pin_memory=True)
+        dev = host.to(self.device, non_blocking=True) if out is None else out[: 3 * part].copy_(host, non_blocking=True)
+        entries = dict(rows=dev[:bs], kv_lens=dev[part : part + bs], order=dev[2 * part : 2 * part + bs] if listed else None)
         if bs >= self.large_decode_min_bs:
-            return SmallDecodeMetadata(dev[:bs], dev[bs:], self._large_splits(bs), large=True)
-        return SmallDecodeMetadata(dev[:bs], dev[bs:], decode_splits(bs, self.num_kv_heads, self._sms))
+            return SmallDecodeMetadata(**entries, splits=large_decode_splits(bs, self.num_kv_heads, self._sms), large=True)
+        return SmallDecodeMetadata(**entries, splits=decode_splits(bs, self.num_kv_heads, self._sms))
 
     def prepare_metadata(self, batch: "Batch") -> None:
         reqs = batch.reqs
@@ -332,7 +351,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def _triton_attend(self, q: torch.Tensor, layer_id: int, meta: SmallDecodeMetadata, rope: Optional[PendingRope] = None) -> torch.Tensor:
         k_flat, v_flat = self._flat[layer_id]
         tile = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES) if meta.large else {}
-        return decode_attention(q, k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits, rope=rope, **tile)
+        return decode_attention(q, k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._small_scratch, meta.splits, rope=rope,
+                                order=meta.order, **tile)
 
     # ---- CUDA graphs -------------------------------------------------------------------------
     def supports_cuda_graph(self) -> bool:
@@ -347,7 +367,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._cg_indices = torch.zeros(self.kv_cache.num_pages + most, dtype=torch.int32, device=self.device)
         self._cg_pieces = torch.zeros(most + max_bs + 1, dtype=torch.int32, device=self.device)  # owners, then part_start
         self._graph_wrappers = {bs: self._make_decode_wrapper(bs) for bs in bs_list if not self._triton_decode(bs)}
-        self._cg_small = torch.zeros(2 * max_bs, dtype=torch.int32, device=self.device)  # rows, then key counts
+        self._cg_small = torch.zeros(3 * -(-max_bs // 4) * 4, dtype=torch.int32, device=self.device)  # rows, key counts, requests
 
     def _padded_rows(self, batch: "Batch") -> Tuple[List[int], List[int]]:
         pad = batch.padded_size - batch.size

@@ -54,20 +54,24 @@ try:
     from .rope import norm_rope
 
     @triton.jit
-    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, order_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
                        q_stride, table_stride, k_stride, v_stride, sm_scale,
                        kn_ptr, vn_ptr, kn_stride, vn_stride, pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps,
                        HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
-                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr):
-        if HEADS_FIRST:  # grid (KV head, request, split): a slot's heads are read by neighbouring programs
+                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr,
+                       ORDERED: tl.constexpr):
+        if HEADS_FIRST:  # grid (KV head, entry, split): a slot's heads are read by neighbouring programs
             h = tl.program_id(0)
-            b = tl.program_id(1)
-        else:  # grid (request, KV head, split)
-            b = tl.program_id(0)
+            e = tl.program_id(1)
+        else:  # grid (entry, KV head, split)
+            e = tl.program_id(0)
             h = tl.program_id(1)
         s = tl.program_id(2)
-        row = tl.load(rows_ptr + b).to(tl.int64)
-        n = tl.load(lens_ptr + b)
+        # entry e of rows and lens is request b's: its query, new key and output are at b; the scratch
+        # and counter are the entry's (any one place per request does)
+        b = tl.load(order_ptr + e) if ORDERED else e
+        row = tl.load(rows_ptr + e).to(tl.int64)
+        n = tl.load(lens_ptr + e)
         chunk = tl.cdiv(tl.cdiv(n, SPLITS), BT) * BT  # whole inner steps per split
         nsplit = tl.cdiv(n, chunk)  # at most SPLITS: a short request's last splits have no keys and do nothing
         if s >= nsplit:
@@ -114,12 +118,12 @@ try:
             tl.store(out_ptr + head_o[:, None] * D + d[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
             return
         # partials of the G real query rows: [B, HKV, SPLITS, GR, D] and [B, HKV, SPLITS, GR, 2]
-        base = (b * HKV + h) * SPLITS
+        base = (e * HKV + h) * SPLITS
         tl.store(part_ptr + ((base + s) * GR + g[:, None]) * D + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + ((base + s) * GR + g) * 2, m, mask=g_ok)
         tl.store(ml_ptr + ((base + s) * GR + g) * 2 + 1, l, mask=g_ok)
         tl.debug_barrier()  # every thread's partials are written before the counter moves
-        done = tl.atomic_add(count_ptr + b * HKV + h, 1, sem="acq_rel")
+        done = tl.atomic_add(count_ptr + e * HKV + h, 1, sem="acq_rel")
         if done == nsplit - 1:  # the last program of this (request, KV head) merges, all splits at once
             sp = tl.arange(0, SPLITS)
             r = tl.arange(0, GR)
@@ -135,7 +139,7 @@ try:
             o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
             head_r = (b * HKV + h) * G + r  # the output is contiguous
             tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-            tl.atomic_xchg(count_ptr + b * HKV + h, 0)  # ready for the next launch
+            tl.atomic_xchg(count_ptr + e * HKV + h, 0)  # ready for the next launch
 
     @triton.jit
     def _merge_pieces_kernel(o_ptr, lse_ptr, start_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr):
@@ -218,16 +222,23 @@ def _rope_fits(q: torch.Tensor, rope: PendingRope) -> bool:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
                      scratch: DecodeScratch, splits: int, block: int = DECODE_BLOCK, stages: int = DECODE_STAGES,
-                     heads_first: bool = HEADS_FIRST, rope: Optional[PendingRope] = None) -> torch.Tensor:
+                     heads_first: bool = HEADS_FIRST, rope: Optional[PendingRope] = None, order: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
     `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
     request's keys are cut into `splits` near-equal splits; `block` keys per inner step, `stages`
     of software pipelining (the tile: `DECODE_BLOCK`/`DECODE_STAGES`, or `LARGE_BATCH_*` for many requests).
 
+    `order` (int32 `[bs]` on the device, a permutation): entry i of `rows` and `kv_lens` belongs to
+    request `order[i]` (its query row, output row and, with `rope`, its new key), and programs start in
+    entry order. Listing the longest requests first lets the grid's last wave be its shortest programs;
+    the result is the same bits in any order.
+
     `rope`: q (then possibly a strided view of the projection) and this step's k and v are not yet
     rotated or stored; the same launch applies the norms and RoPE and writes k and v to their slots,
     as `apply_rope_and_store` would before it (one kernel a layer fewer)."""
     if not use_triton(q):
+        if order is not None:  # back to request order
+            rows, kv_lens = (torch.empty_like(t).index_copy_(0, order.long(), t) for t in (rows, kv_lens))
         if rope is not None:
             q = apply_rope_and_store_ref(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc, rope.qk_norm)
         return decode_attention_ref(q, k_cache, v_cache, page_table, rows, kv_lens)
@@ -246,11 +257,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     r = rope if rope is not None else PendingRope(rows, q, q, rows, q, q)  # placeholders, unread without ROPE
     qw, kw, eps = r.qk_norm if r.qk_norm is not None else (q, q, 0.0)
     _decode_kernel[grid](
-        q, k_cache, v_cache, page_table, rows, kv_lens, scratch.part, scratch.ml, scratch.count, out,
+        q, k_cache, v_cache, page_table, rows, kv_lens, order if order is not None else rows, scratch.part, scratch.ml, scratch.count, out,
         q.stride(0), page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
         r.k, r.v, r.k.stride(0), r.v.stride(0), r.positions, r.out_loc, r.cos, r.sin, r.cos.stride(0), qw, kw, eps,
         HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, HEADS_FIRST=heads_first,
-        ROPE=rope is not None, NORM=r.qk_norm is not None, num_warps=4, num_stages=stages,
+        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=4, num_stages=stages,
     )
     return out
 

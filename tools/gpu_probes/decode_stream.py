@@ -250,8 +250,8 @@ VARIANTS = [("if 1x128x2", 1, 2, 128, False), ("if 1x128x3", 1, 3, 128, False), 
 def main() -> None:
     from _timing import graph_us
     from decode_head_order import D, HKV, HQ, batch
-    from minisgl.attention.flashinfer_backend import LARGE_DECODE_ONE_SPLIT_MIN_BS, LARGE_DECODE_PROGRAMS_PER_SM, LARGE_DECODE_SPLITS
-    from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention, decode_splits
+    from minisgl.attention.flashinfer_backend import large_decode_splits
+    from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention
     dev = torch.device("cuda")
     check("cuda")
     rng = random.Random(0)
@@ -259,7 +259,7 @@ def main() -> None:
     for bs in (16, 64, 128, 256):
         lens, table, kc, vc, q, rows, kvl = batch(bs, "engine", rng)
         scratch = DecodeScratch.for_batches(bs, HKV, HQ // HKV, D, sms, dev, pieces=bs * 16, rows=bs)
-        splits = 1 if bs >= LARGE_DECODE_ONE_SPLIT_MIN_BS else max(LARGE_DECODE_SPLITS, decode_splits(bs, HKV, sms, LARGE_DECODE_PROGRAMS_PER_SM))  # the engine's
+        splits = large_decode_splits(bs, HKV, sms)  # the engine's
         engine = lambda: decode_attention(q, kc, vc, table, rows, kvl, scratch, splits, block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
         want = engine().float()
         cells = [f"engine ({splits} splits) {graph_us(engine):.1f}"]
