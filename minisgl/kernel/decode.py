@@ -4,19 +4,19 @@ merges the pieces itself.
 At batch 1 a decode step's attention is tiny (Qwen3-0.6B, 576 keys: 2.4 MB of K and V per layer,
 half a microsecond at the copy rate) but FlashInfer's paged decode kernel plus its split-KV merge
 kernel took about 10 us a layer on an H200: two launches, each bound by latency. Here the grid is
-(KV head, request, split): every program reads one slice of a request's keys for one KV head (and
-all the query heads that share it, GQA), and writes its partial result (running max, sum of
-exponentials, weighted values) to a scratch buffer. The program that finishes last for a (request,
-KV head), which it learns from an atomic counter, merges the partials and writes the output, so
-there is no second kernel. The counter is back at zero when the kernel ends, ready for the next
-layer and for CUDA graph replays.
+(KV head, entry, split), an entry being a request's row and key count: every program reads one slice
+of a request's keys for one KV head (and all the query heads that share it, GQA), and writes its
+partial result (running max, sum of exponentials, weighted values) to a scratch buffer. The program
+that finishes last for a (request, KV head), which it learns from an atomic counter, merges the
+partials and writes the output, so there is no second kernel. The counter is back at zero when the
+kernel ends, ready for the next layer and for CUDA graph replays.
 
 Keys are read through the page table (`page_table[row, position]` is a slot of the flat
 `[slots, kv_heads, head_dim]` cache), so any page size works and no page list is built.
 
-The FlashInfer backend also gives it batches of 64 requests and more, two splits a request, at the
-tile `LARGE_BATCH_BLOCK`/`LARGE_BATCH_STAGES`: there a step is bound by reading the keys, and this
-kernel read them faster than FlashInfer's decode over pieces of each request plus their merge.
+The FlashInfer backend gives it every decode batch at head_dim 128 and below: from five requests at the
+tile `LARGE_BATCH_BLOCK`/`LARGE_BATCH_STAGES`, one split a request from 56 and the requests listed longest
+first up to 159 (`order`), where it read the keys faster than FlashInfer's decode and its merge.
 """
 
 from __future__ import annotations
