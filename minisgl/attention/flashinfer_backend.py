@@ -67,10 +67,10 @@ LARGE_DECODE_MIN_BS = SMALL_DECODE_MAX_BS + 1
 LARGE_DECODE_SPLITS = 2
 LARGE_DECODE_PROGRAMS_PER_SM = 4
 # From this many requests each request's keys are one split: its program writes the output itself (no
-# partials, counter or merge; the same bits). With the requests longest first (below), one split against two
-# took 56.5 / 63.8 us a layer at 56 requests (RoPE folded in), 54.9 / 60.8 at 64, 75.3 / 85.1 at 96 and
-# 206.5 / 214.9 at 256; at 48, 50.3 / 47.9 (`tools/gpu_probes/decode_longest_first.py`; minisgl/benchmark/
-# RESULTS.md, "The longest requests first, and one split from 56 requests").
+# partials, counter or merge; the same bits). One split against two took 56.5 / 63.8 us a layer at 56 requests
+# (RoPE folded in), 54.9 / 60.8 at 64 and 75.3 / 85.1 at 96 with the requests longest first (below), and 206.5 /
+# 214.9 at 256 as they come; at 48, listed, 50.3 / 47.9 (`tools/gpu_probes/decode_longest_first.py`;
+# minisgl/benchmark/RESULTS.md, "The longest requests first, and one split from 56 requests").
 LARGE_DECODE_ONE_SPLIT_MIN_BS = 56
 # Up to this many requests the decode kernel also applies the norms and RoPE to q and this step's k and
 # stores k and v itself (`forward_rotating`), one launch a layer fewer: 10.7 -> 9.2 us a layer at one
