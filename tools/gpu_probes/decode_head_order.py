@@ -12,7 +12,8 @@ import flashinfer
 import torch
 
 from _timing import graph_us
-from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention, decode_splits
+from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, PendingRope, decode_attention, decode_splits
+from minisgl.layers.rotary import RotaryEmbedding
 
 dev = torch.device("cuda")
 dt = torch.bfloat16
@@ -49,6 +50,28 @@ def batch(bs: int, layout: str, rng: random.Random):
     v = torch.randn_like(k)
     q = torch.randn(bs, HQ, D, dtype=dt, device=dev)
     return lens, table, k, v, q, torch.arange(bs, dtype=torch.int32, device=dev), torch.tensor(lens, dtype=torch.int32, device=dev)
+
+
+def qk_rope():
+    """Rotation tables and Qwen3-style qk-norm weights (random) for `rotating_batch`."""
+    rope = RotaryEmbedding(D, 4096, 1e6, None, dev)
+    return rope, (torch.randn(D, dtype=dt, device=dev), torch.randn(D, dtype=dt, device=dev), 1e-6)
+
+
+def rotating_batch(bs: int, rng: random.Random, rope, norm):
+    """`case` in the engine's layout as a decode layer sees it before RoPE: q, k and v unrotated views of one
+    projection output, and the pending rotation that stores each request's new key and value at its last
+    position. Returns key counts, page table, k and v caches, q, rows and key counts as int32 tensors, and
+    the `PendingRope`."""
+    lens, table, slots = case(bs, "engine", rng)
+    kc = torch.randn(slots, HKV, D, dtype=dt, device=dev)
+    vc = torch.randn_like(kc)
+    qkv = torch.randn(bs, (HQ + 2 * HKV) * D, dtype=dt, device=dev)
+    q, k, v = (t.view(bs, -1, D) for t in qkv.split([HQ * D, HKV * D, HKV * D], dim=-1))
+    rows = torch.arange(bs, dtype=torch.int32, device=dev)
+    kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    pending = PendingRope((kvl - 1).long(), k, v, table[rows.long(), kvl.long() - 1].long(), rope._cos, rope._sin, norm)
+    return lens, table, kc, vc, q, rows, kvl, pending
 
 
 def flashinfer_wrapper(table, lens):

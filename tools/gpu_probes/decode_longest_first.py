@@ -9,10 +9,9 @@ import random
 import torch
 
 from _timing import graph_us
-from decode_head_order import D, HKV, HQ, case, dev, dt
+from decode_head_order import D, HKV, HQ, dev, qk_rope, rotating_batch
 from minisgl.attention.flashinfer_backend import ROPE_IN_DECODE_MAX_BS
-from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, PendingRope, decode_attention
-from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention
 
 LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
 
@@ -20,21 +19,11 @@ LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
 def main() -> None:
     rng = random.Random(0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rope = RotaryEmbedding(D, 4096, 1e6, None, dev)
-    norm = (torch.randn(D, dtype=dt, device=dev), torch.randn(D, dtype=dt, device=dev), 1e-6)
+    rope, norm = qk_rope()
     for bs in (8, 16, 24, 32, 40, 48, 56, 63, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256):
-        lens, table, slots = case(bs, "engine", rng)
-        kc = torch.randn(slots, HKV, D, dtype=dt, device=dev)
-        vc = torch.randn_like(kc)
-        qkv = torch.randn(bs, (HQ + 2 * HKV) * D, dtype=dt, device=dev)
-        q, k, v = (t.view(bs, -1, D) for t in qkv.split([HQ * D, HKV * D, HKV * D], dim=-1))
-        rows = torch.arange(bs, dtype=torch.int32, device=dev)
-        kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
-        pending = None
-        if bs <= ROPE_IN_DECODE_MAX_BS:
-            pending = PendingRope((kvl - 1).long(), k, v, table[rows.long(), kvl.long() - 1].long(), rope._cos, rope._sin, norm)
-        else:
-            q = q.contiguous()
+        lens, table, kc, vc, q, rows, kvl, pending = rotating_batch(bs, rng, rope, norm)
+        if bs > ROPE_IN_DECODE_MAX_BS:  # the engine rotates and stores first, in the RoPE launch
+            pending, q = None, q.contiguous()
         scratch = DecodeScratch.for_batches(bs, HKV, HQ // HKV, D, sms, dev, pieces=bs * 4, rows=bs)
         by_len = torch.argsort(kvl, descending=True, stable=True)
         rows_o, kvl_o, order = rows[by_len], kvl[by_len], by_len.to(torch.int32)

@@ -10,10 +10,8 @@ import random
 import torch
 
 from _timing import graph_us
-from decode_head_order import D, HKV, HQ, case, dev, dt, flashinfer_wrapper
-from minisgl.kernel import (LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, PendingRope, apply_rope_and_store, decode_attention,
-                            decode_splits)
-from minisgl.layers.rotary import RotaryEmbedding
+from decode_head_order import D, HKV, HQ, dev, flashinfer_wrapper, qk_rope, rotating_batch
+from minisgl.kernel import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, apply_rope_and_store, decode_attention, decode_splits
 
 LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
 
@@ -21,19 +19,10 @@ LARGE = dict(block=LARGE_BATCH_BLOCK, stages=LARGE_BATCH_STAGES)
 def main() -> None:
     rng = random.Random(0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rope = RotaryEmbedding(D, 4096, 1e6, None, dev)
-    norm = (torch.randn(D, dtype=dt, device=dev), torch.randn(D, dtype=dt, device=dev), 1e-6)
+    rope, norm = qk_rope()
     for bs in (1, 4, 8, 12, 16, 24, 32, 48, 63, 64, 128, 192, 256):
-        lens, table, slots = case(bs, "engine", rng)
-        kc = torch.randn(slots, HKV, D, dtype=dt, device=dev)
-        vc = torch.randn_like(kc)
-        qkv = torch.randn(bs, (HQ + 2 * HKV) * D, dtype=dt, device=dev)
-        q, k, v = (t.view(bs, -1, D) for t in qkv.split([HQ * D, HKV * D, HKV * D], dim=-1))
-        rows = torch.arange(bs, dtype=torch.int32, device=dev)
-        kvl = torch.tensor(lens, dtype=torch.int32, device=dev)
-        loc = table[rows.long(), kvl.long() - 1].long()
-        pos = (kvl - 1).long()
-        pending = PendingRope(pos, k, v, loc, rope._cos, rope._sin, norm)
+        lens, table, kc, vc, q, rows, kvl, pending = rotating_batch(bs, rng, rope, norm)
+        pos, k, v, loc = pending.positions, pending.k, pending.v, pending.out_loc
         scratch = DecodeScratch.for_batches(bs, HKV, HQ // HKV, D, sms, dev, pieces=bs * 64, rows=bs)
 
         def rope_then(attend):
