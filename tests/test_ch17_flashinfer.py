@@ -169,7 +169,7 @@ def test_larger_decode_batches_take_the_kernel_and_match_torch_backend(page_size
     from minisgl.attention.flashinfer_backend import (DECODE_LONGEST_FIRST_MAX_BS, LARGE_DECODE_MIN_BS, LARGE_DECODE_ONE_SPLIT_MIN_BS, LARGE_DECODE_SPLITS,
                                                       SmallDecodeMetadata, large_decode_splits)
 
-    assert LARGE_DECODE_MIN_BS <= bs  # the default threshold routes both sizes to the kernel
+    assert LARGE_DECODE_MIN_BS <= bs  # the default threshold routes every size here to the kernel
     rng = random.Random(2)
     specs = [(n - 1, n) for n in [1, 2, 3, 1500] + [rng.randint(1, 900) for _ in range(bs - 4)]]
     want, got, meta = _attention_both(specs, "decode", page_size, large_decode_min_bs=LARGE_DECODE_MIN_BS)

@@ -404,7 +404,7 @@ def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
                 got = K.decode_attention(*args, scratch, splits)
                 torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
             assert int(scratch.count.abs().sum()) == 0
-        # the large-batch tile: 128 keys a step, two pipeline stages; one split a request from 160 requests
+        # the large-batch tile: 128 keys a step, two pipeline stages; one split a request, as from LARGE_DECODE_ONE_SPLIT_MIN_BS
         for splits in (1, 2):
             for _ in range(2):
                 got = K.decode_attention(*args, scratch, splits, K.LARGE_BATCH_BLOCK, K.LARGE_BATCH_STAGES)
