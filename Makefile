@@ -27,7 +27,7 @@ TORCH_CPU   ?= torch==2.13.0
 TORCH_GPU   ?= torch>=2.6,<2.14
 
 # Everything pytest gets: the unit tests, then every chapter notebook through nbval (lax:
-# only cells marked `# NBVAL_CHECK_OUTPUT` must reproduce their stored outputs).
+# only cells tagged `nbval-check-output` in their metadata must reproduce their stored outputs).
 TEST_ARGS   ?= -q -p no:cacheprovider tests chapters --nbval-lax --nbval-current-env \
                --nbval-sanitize-with chapters/nbval_sanitize.cfg
 # Extra JupyterLab options, e.g. LAB_ARGS="--no-browser --ip=127.0.0.1 --port=8890".
