@@ -86,6 +86,25 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     return stage
 
 
+def setup_plain() -> Path:
+    """Chapter 0's setup: no `minisgl` at all, the same repeatable runs as every other chapter
+    (torch seeded, one thread, quiet transformers). Returns the default model's folder."""
+    global _CHAPTER
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _purge_minisgl()
+    stage_root = str(REPO / ".stages")
+    sys.path[:] = [p for p in sys.path if not p.startswith(stage_root)]
+    _CHAPTER = 0
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(_env().ENV.num_threads)  # MINISGL_NUM_THREADS
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"no minisgl: plain torch and safetensors; device: {device}")
+    return default_model_path()
+
+
 def _register_judge_magic() -> None:
     """`%%judge <id>` in a chapter's exercise cells then works without `import judge`."""
     from judge.magic import register_in_ipython
