@@ -116,8 +116,9 @@ def shard_table(models: Dict[str, object], names: Sequence[str]) -> str:
     return table(rows)
 
 
-# ---- results of measured GPU runs --------------------------------------------------------------
-RESULTS = "minisgl/benchmark/RESULTS.md"  # committed by whoever measured on a GPU; chapters never estimate
+# ---- results of measured runs -----------------------------------------------------------------
+RESULTS = "minisgl/benchmark/RESULTS.md"  # committed by whoever measured; chapters never estimate
+RESULTS_DIR = "minisgl/benchmark/results"  # the same figures, one JSON file per benchmark run
 
 
 class Quoted(str):
@@ -130,17 +131,44 @@ class Quoted(str):
         return str(self)
 
 
+def measured(name: str) -> dict:
+    """The committed figures of one benchmark run, `minisgl/benchmark/results/<name>.json`: the
+    figure, the baseline measured in the same run, and the `command`, `machine` and `date`."""
+    import json
+
+    file = REPO / RESULTS_DIR / f"{name}.json"
+    if not file.is_file():
+        known = sorted(f.stem for f in (REPO / RESULTS_DIR).glob("*.json"))
+        raise FileNotFoundError(f"no committed results named {name!r} in {RESULTS_DIR}/ (there are: {', '.join(known)})")
+    return json.loads(file.read_text())
+
+
+def measured_where(run: dict) -> str:
+    """Where a committed figure comes from, as a chapter prints it under the figure."""
+    return f"measured on {run['machine']} on {run['date']}: `{run['command']}`"
+
+
 def gpu_results(heading: str, path: str = RESULTS) -> Quoted:
-    """The section of the committed GPU results whose `## ` heading starts with `heading`, quoted
-    with its source, or a "not measured yet" note. Chapters report GPU figures only this way."""
+    """Quotes the committed results: the `## ` section whose heading starts with `heading`, or else
+    the one-line result `- **heading...` with the opening paragraph of its section (which names
+    the machine and dates); a "not measured" note when neither is there."""
     file = REPO / path
     if file.is_file():
         text = file.read_text()
         title = text.splitlines()[0].lstrip("# ").strip() if text else ""
-        for section in text.split("\n## ")[1:]:
+        source = f"**{title}** (quoted from `{path}`)"
+        sections = text.split("\n## ")[1:]
+        for section in sections:
             if section.startswith(heading):
-                return Quoted(f"**{title}** (quoted from `{path}`)\n\n## {section.strip()}")
-    return Quoted(f"not measured yet: `{path}` has no section \"{heading}\"")
+                return Quoted(f"{source}\n\n## {section.strip()}")
+        for section in sections:
+            name, *paragraphs = section.strip().split("\n\n")
+            for group in paragraphs[1:]:  # a label line ("Kept in the engine:"), then one line per result
+                lines = [line for line in group.splitlines() if line.startswith(f"- **{heading}")]
+                if lines:
+                    label = group.splitlines()[0]
+                    return Quoted(f"{source}\n\n## {name}\n\n{paragraphs[0]}\n\n{label}\n{lines[0]}")
+    return Quoted(f"not measured: `{path}` has no section or line \"{heading}\"")
 
 
 # ---- chapter 18: CUDA graphs, emulated on the CPU ----------------------------------------------

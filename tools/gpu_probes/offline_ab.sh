@@ -2,8 +2,8 @@
 # process:  BASE=/path/holding/a/minisgl bash tools/gpu_probes/offline_ab.sh [flags]
 # ORDER (default "new base new base") names the runs: "new" is this tree, "base" the folder $BASE, any
 # other word a folder holding a `minisgl` of its own. MODEL (default models/qwen3-0.6b-dummy),
-# RUN_TIMEOUT (seconds per run, default 150) and SCRIPT (a script to run instead of
-# `-m minisgl.benchmark.offline`, e.g. tools/gpu_probes/offline_repeat.py) can be set.
+# RUN_TIMEOUT (seconds per run, default 150) and SCRIPT (a script that takes --model, run instead of
+# `-m minisgl.benchmark.offline`) can be set.
 M=${MODEL:-$(pwd)/models/qwen3-0.6b-dummy}
 for v in ${ORDER:-new base new base}; do
   case $v in
