@@ -6,7 +6,8 @@
   lab runs in) first on the PATH, so `python judge.py ...` works in them as the README says;
 - the chapters as shipped are trusted, so their saved widget views render before a cell runs;
 - opening a chapter and saving it unrun leave it byte for byte as it was (see
-  WorkbookContentsManager), so a reader's git tree stays clean;
+  WorkbookContentsManager), and a chapter you run or edit is saved to your copy in
+  work/chapters/ (tools/learner_copies.py), so a reader's git tree stays clean;
 - no first-run questions (the news pop-up is switched off in labconfig/page_config.json).
 
 Your own ~/.jupyter configuration still applies and wins where both set something.
@@ -18,6 +19,21 @@ import sys
 from pathlib import Path
 
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+
+def _load_learner_copies():
+    """tools/learner_copies.py, loaded by path (tools/ is not put on the lab's sys.path)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "learner_copies.py"
+    spec = importlib.util.spec_from_file_location("minisgl_learner_copies", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+LearnerCopies = _load_learner_copies().LearnerCopies
 
 c = get_config()  # noqa: F821  (defined by the loader of Jupyter config files)
 
@@ -48,7 +64,7 @@ def _chapter_language_info(path: str, model: dict):
     return info if isinstance(info, dict) and info.get("name") == "python" else None
 
 
-class WorkbookContentsManager(AsyncLargeFileManager):
+class WorkbookContentsManager(LearnerCopies, AsyncLargeFileManager):
     """The lab writes the kernel's language_info into a notebook as soon as it opens it, and a
     chapter saved on another Python (3.11.7 against 3.11.9) would then be marked modified and
     autosaved. So a chapter is handed to the lab with this Python's version, and saved with the
