@@ -10,6 +10,7 @@ import json
 import math
 import re
 import shlex
+import statistics
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,53 @@ def test_gemv_benchmark_times_both_versions():
 
     results = gemv.run([1, 2], layers=2, reps=3)
     assert [r.rows for r in results] == [1, 2] and all(r.cublas_us > 0 and r.kernel_us > 0 for r in results)
+
+
+def _committed(name: str) -> dict:
+    return json.loads((ROOT / "minisgl/benchmark/results" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["offline_h200", "decode_h200", "moe_h200", "cpu"])
+def test_committed_runs_name_their_run_and_agree_with_results_md(name):
+    """A committed run names its command, machine and date; the command is the one RESULTS.md shows
+    and parses; and the figures chapters print from the run are the ones RESULTS.md states."""
+    text = (ROOT / "minisgl/benchmark/RESULTS.md").read_text()
+    run = _committed(name)
+    assert run["command"] and run["machine"] and re.fullmatch(r"\d{4}-\d{2}-\d{2}", run["date"])
+    assert f"`{run['command']}`" in text
+    args = shlex.split(run["command"].split(" ", 3)[3] if run["command"].count(" ") >= 3 else "")  # after `python -m <module>`
+    if name == "offline_h200":
+        offline._parse(args)
+        figures = [f"{run['median']['output_tok_s']:,}", f"{run['floor']['seconds']} s", f"{run['floor']['output_tok_s']:,}",
+                   f"| {run['baseline']['output_tok_s']} |", f"{run['baseline']['engine_on_the_same_requests_tok_s']:,} ({run['baseline']['speedup']}x)"]
+        assert statistics.median(r["output_tok_s"] for r in run["runs"]) == run["median"]["output_tok_s"]
+        assert run["floor"]["output_tok_s"] == round(run["workload"]["output_tokens"] / run["floor"]["seconds"])
+    elif name == "decode_h200":
+        decode.build_parser().parse_args(args)
+        decode.build_parser().parse_args(shlex.split(run["graphs_on_and_off"]["command"].split("benchmark.decode")[1]))
+        figures = [f"| {r['batch_size']} | {'**' * (r['batch_size'] == 1)}{r['tpot_ms']:.3f} ms{'**' * (r['batch_size'] == 1)} | {r['kernels_per_step']} | {b['tpot_ms']:.3f} ms |"
+                   for r, b in zip(run["graphs_on"], run["baseline"]["graphs_on"])]
+        figures += [f"{r['graphs_on_ms']} / {r['graphs_off_ms']}" for r in run["graphs_on_and_off"]["rows"]]
+    elif name == "moe_h200":
+        figures = [f"| {r['tokens']:,} | {r['torch_us']:,} us | {r['triton_eager_us']:,} us | {r['triton_graph_us']:,} us | {r['weights_tb_s']} TB/s |" for r in run["rows"]]
+    else:
+        runs = run["runs"]
+        figures = [f"{a['engine_s']:.2f} / {b['engine_s']:.2f} s | {a['transformers_s']:.2f} / {b['transformers_s']:.2f} s | {a['speedup']:.2f}x / {b['speedup']:.2f}x"
+                   for a, b in (runs[:2], runs[2:])]
+    missing = [f for f in figures if f not in text]
+    assert not missing, f"RESULTS.md does not state {missing} of results/{name}.json"
+
+
+def test_every_results_quote_in_the_chapters_finds_its_text():
+    """`stage4.gpu_results("...")` in a chapter quotes a section or a one-line result of RESULTS.md."""
+    from file_module import load_file
+
+    stage4 = load_file(ROOT / "chapters/stage4.py", "_stage4_under_test")
+    calls = set()
+    for nb in sorted((ROOT / "chapters").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            calls |= {(nb.name, h) for h in re.findall(r'gpu_results\("([^"]+)"\)', "".join(cell["source"]))}
+    for chapter, heading in sorted(calls):
+        quoted = stage4.gpu_results(heading)
+        assert not quoted.startswith("not measured"), (chapter, heading)
+        assert "\n## " in quoted and heading in quoted, (chapter, heading)
