@@ -255,6 +255,8 @@ def test_committed_runs_name_their_run_and_agree_with_results_md(name):
     args = shlex.split(run["command"].split(" ", 3)[3] if run["command"].count(" ") >= 3 else "")  # after `python -m <module>`
     if name == "offline_h200":
         offline._parse(args)
+        offline._parse(shlex.split(run["baseline"]["command"].split("benchmark.offline")[1]))
+        assert f"`{run['baseline']['command']}`" in text
         figures = [f"{run['median']['output_tok_s']:,}", f"{run['floor']['seconds']} s", f"{run['floor']['output_tok_s']:,}",
                    f"| {run['baseline']['output_tok_s']} |", f"{run['baseline']['engine_on_the_same_requests_tok_s']:,} ({run['baseline']['speedup']}x)"]
         assert statistics.median(r["output_tok_s"] for r in run["runs"]) == run["median"]["output_tok_s"]
