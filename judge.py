@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Grade the workbook's exercises. `python judge.py list`, `start <id>`, `<id>`, `hint <id> [n]`, `check`."""
+"""Grade the workbook's exercises. `python judge.py list`, `start <id>`, `<id>`, `hint <id> [n]`, `check`;
+for a course, `grade-all SUBMISSIONS --exercise <id>` (see README, "For instructors")."""
 
 import sys
 from pathlib import Path

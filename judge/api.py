@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 UNIT = "unit"
 E2E = "e2e"
@@ -35,18 +35,30 @@ class Replace:
         return self.qualname.split(".")[-1]
 
 
+HIDDEN_PREFIX = "hidden:"  # the key of an instructor's case (from `--cases-dir`) starts with it
+
+
 @dataclass(frozen=True)
 class Case:
     name: str  # shown to the learner
     fn: Callable[..., None]
     kind: str = UNIT
-    seeds: int = 0  # 0: a fixed case (reference recorded); n > 0: n seeds drawn at grade time
+    # 0: a fixed case (reference recorded); n > 0: n seeds drawn at grade time; a tuple: these seeds
+    seeds: Union[int, Tuple[int, ...]] = 0
     hint: Optional[int] = None  # which hint in hints.md helps when this case fails
     timeout_s: Optional[float] = None
+    weight: Optional[float] = None  # points for passing it (default: exercise.toml's `weights`, else 1)
+    hidden: bool = False  # an instructor's case, from a folder outside the repository
 
     @property
     def key(self) -> str:
-        return self.fn.__name__
+        return (HIDDEN_PREFIX if self.hidden else "") + self.fn.__name__
+
+    def seed_list(self, rng) -> List[int]:
+        """The seeds to run: the fixed ones, or `seeds` drawn from `rng`."""
+        if isinstance(self.seeds, tuple):
+            return list(self.seeds)
+        return [rng.randrange(1, 2**31) for _ in range(self.seeds)]
 
 
 @dataclass
@@ -63,6 +75,8 @@ class Exercise:
     # replaced symbols against the engine's own, over `timing_cases` (default: the fixed unit cases).
     timed: Tuple[str, ...] = ()
     timing_cases: Tuple[str, ...] = ()
+    # points per case function name (default 1); a seeded case's points are shared by its seeds
+    weights: Dict[str, float] = field(default_factory=dict)
     cases: List[Case] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -82,7 +96,13 @@ class Exercise:
             if missing:
                 raise ValueError(f"{self.id}: timing_cases names unknown cases {missing}")
             return [by_key[k] for k in self.timing_cases]
-        return [c for c in self.cases if c.kind == UNIT and not c.seeds]
+        return [c for c in self.cases if c.kind == UNIT and not c.seeds and not c.hidden]
+
+    def weight_of(self, case: Case) -> float:
+        """The points a case is worth (all its seeds together)."""
+        if case.weight is not None:
+            return float(case.weight)
+        return float(self.weights.get(case.key, 1.0))
 
     def timeout_for(self, case: Case) -> float:
         if case.timeout_s is not None:
@@ -94,13 +114,21 @@ class Exercise:
 _PENDING: List[Case] = []
 
 
-def case(name: str, *, kind: str = UNIT, seeds: int = 0, hint: Optional[int] = None, timeout_s: Optional[float] = None):
-    """Decorator: `fn(obs)` for a fixed case, `fn(obs, seed)` when `seeds > 0`."""
+def case(name: str, *, kind: str = UNIT, seeds: Union[int, Sequence[int]] = 0, hint: Optional[int] = None,
+         timeout_s: Optional[float] = None, weight: Optional[float] = None):
+    """Decorator: `fn(obs)` for a fixed case, `fn(obs, seed)` when `seeds` is a count (drawn at grade
+    time) or a list of seeds (always these: an instructor's hidden case that must not vary)."""
     if kind not in (UNIT, E2E):
         raise ValueError(f"kind must be {UNIT!r} or {E2E!r}, got {kind!r}")
+    if not isinstance(seeds, int):
+        seeds = tuple(seeds)
+        if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+            raise ValueError(f"case {name!r}: seeds is a count or a non-empty list of whole numbers, got {seeds!r}")
+    if weight is not None and not (isinstance(weight, (int, float)) and weight > 0):
+        raise ValueError(f"case {name!r}: weight must be a positive number, got {weight!r}")
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
-        _PENDING.append(Case(name, fn, kind, seeds, hint, timeout_s))
+        _PENDING.append(Case(name, fn, kind, seeds, hint, timeout_s, weight))
         return fn
 
     return register

@@ -74,8 +74,8 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
         out.lines.append(f"recorded {len(fixed)} fixed cases on {reference.describe(fp)}")
     elif recorded is None:
         out.problems.append(f"no recorded reference: run `python judge.py record {exercise_id}`")
-    elif recorded["fingerprint"] != fp:
-        out.lines.append(f"recording made on {reference.describe(recorded['fingerprint'])}; this machine differs, so it was not compared")
+    elif reference.differences(recorded["fingerprint"], fp):
+        out.lines.append(f"recording not compared: {'; '.join(reference.differences(recorded['fingerprint'], fp))}")
     else:
         for key, obs in fixed.items():
             if key not in recorded["cases"]:

@@ -1,4 +1,4 @@
-"""`python judge.py ...`: list, start, hint, answer, grade, check, record."""
+"""`python judge.py ...`: list, start, hint, answer, grade, grade-all, check, record."""
 
 from __future__ import annotations
 
@@ -73,12 +73,66 @@ def cmd_answer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_outputs(args: argparse.Namespace, result, reason: str = "", name: str = "") -> None:
+    """--gradescope and --junit of `grade`: the result, or (no result) why nothing was graded."""
+    import json
+    from pathlib import Path
+
+    from . import formats
+
+    if args.gradescope:
+        ex = registry.load(args.exercise, args.cases_dir)
+        max_points = sum(ex.weight_of(c) for c in ex.cases)
+        data = formats.gradescope(result, reason=reason, max_points=max_points, hidden_visibility=args.hidden_visibility)
+        Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.gradescope).write_text(json.dumps(data, indent=1) + "\n")
+    if args.junit:
+        Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.junit).write_text(formats.junit({name or args.exercise: result if result is not None else reason}, name=f"judge: {args.exercise}"))
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from . import submission
     from .grade import grade
 
-    result = grade(args.exercise, args.file, seed=args.seed)
+    registry.folder(args.exercise)
+    file = Path(args.file) if args.file else None
+    with tempfile.TemporaryDirectory(prefix="judge-grade-") as tmp:
+        if file is not None and (file.is_dir() or file.suffix == ".ipynb"):
+            # a submission folder (an autograder's) or a notebook: the answer is found as grade-all finds it
+            sub = submission.find(file, args.exercise) if file.is_dir() else submission.read(file.stem, file, args.exercise)
+            if not sub.found:
+                print(f"error: nothing to grade: {sub.reason}", file=sys.stderr)
+                _write_outputs(args, None, reason=sub.reason, name=str(file))
+                return 2
+            file = Path(tmp) / f"{args.exercise.replace('-', '_')}.py"
+            file.write_text(sub.source)
+        result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record)
     print(result)
+    _write_outputs(args, result, name=result.file)
     return 0 if result.ok else 1
+
+
+def cmd_grade_all(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .batch import grade_all
+
+    batch = grade_all(args.submissions, args.exercise, jobs=args.jobs, seed=args.seed, cases_dir=args.cases_dir,
+                      timeout_scale=args.timeout_scale)
+    out = Path(args.out or f"grades-{args.exercise}")
+    paths = batch.write(out, hidden_visibility=args.hidden_visibility)
+    graded = [g for g in batch.learners if g.result is not None]
+    print(f"{len(graded)} of {len(batch.learners)} learners graded in {batch.seconds:.0f} s (seed {batch.seed}); "
+          f"{sum(g.result.ok for g in graded)} pass every case")
+    for g in batch.learners:
+        r = g.result
+        print(f"  {g.learner:<24} " + (f"{r.points:g}/{r.max_points:g} points, {r.passed}/{r.total} cases" if r else f"{g.verdict}: {g.found.reason}"))
+    print(f"wrote {paths['csv']}, {paths['json']}, {paths['junit']} and {out / 'gradescope'}/<learner>/results.json")
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -91,6 +145,12 @@ def _default_jobs() -> int:
     import os
 
     return max(2, min(8, (os.cpu_count() or 2) // 2))
+
+
+def _course_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases-dir", default=None, help="instructors: a folder outside the repository with hidden cases, <dir>/<id>/cases.py")
+    p.add_argument("--hidden-visibility", default="after_published", choices=("hidden", "after_due_date", "after_published", "visible"),
+                   help="on Gradescope, when learners see the hidden cases (default: after_published)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,9 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=cmd_answer)
     g = sub.add_parser("grade", help="grade an exercise (same as `judge.py <id>`)")
     g.add_argument("exercise", help="exercise id")
-    g.add_argument("--file", default=None, help="grade this file instead of work/<id>.py")
+    g.add_argument("--file", default=None, help="grade this file instead of work/<id>.py (a .py, a notebook's %%%%judge cell, or a submission folder)")
     g.add_argument("--seed", type=int, default=None, help="fix the seeds of the randomised cases (to replay a run)")
+    _course_options(g)
+    g.add_argument("--gradescope", metavar="PATH", default=None, help="also write Gradescope's autograder results.json here")
+    g.add_argument("--junit", metavar="PATH", default=None, help="also write the grading as JUnit XML here")
+    g.add_argument("--no-record", action="store_true", help="leave .judge/results.json (your progress) as it is")
     g.set_defaults(fn=cmd_grade)
+    ga = sub.add_parser("grade-all", help="instructors: grade one folder per learner; writes a table (CSV, JSON), JUnit XML and Gradescope results")
+    ga.add_argument("submissions", help="a folder with one folder per learner, each holding <id>.py or a notebook with a %%%%judge <id> cell")
+    ga.add_argument("--exercise", required=True, help="exercise id")
+    ga.add_argument("--jobs", type=int, default=_default_jobs(), help="learners graded at the same time")
+    ga.add_argument("--seed", type=int, default=None, help="the seeds of the randomised cases, the same for every learner (default: drawn once, reported)")
+    ga.add_argument("--out", default=None, help="where the tables go (default: grades-<id>/)")
+    ga.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every case's time limit (a slow machine)")
+    _course_options(ga)
+    ga.set_defaults(fn=cmd_grade_all)
     for name, helptext, record in (("check", "maintainers: reference passes, starters and wrong variants fail", False),
                                    ("record", "maintainers: record the reference outputs of the fixed cases, then check", True)):
         c = sub.add_parser(name, help=helptext)
@@ -123,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"list", "start", "hint", "answer", "grade", "check", "record", "-h", "--help"}
+    commands = {"list", "start", "hint", "answer", "grade", "grade-all", "check", "record", "-h", "--help"}
     if argv and argv[0] not in commands:
         argv = ["grade", *argv]  # `judge.py <id> [--file PATH]`
     parser = build_parser()

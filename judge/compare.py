@@ -89,6 +89,26 @@ def _close(got: Dict[str, Any], exp: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def well_formed(obs: Any) -> bool:
+    """Observations as `judge.api.Obs` records them. What a grading process sends is checked
+    before it is compared, since the learner's code runs in that process."""
+    if not isinstance(obs, list):
+        return False
+    for o in obs:
+        if not isinstance(o, dict) or not isinstance(o.get("label"), str) or o.get("kind") not in ("eq", "close"):
+            return False
+        if o["kind"] == "close" and not (
+            isinstance(o.get("dtype"), str) and isinstance(o.get("shape"), list) and all(isinstance(n, int) for n in o["shape"])
+            and isinstance(o.get("value"), list) and all(_number(v) for v in o["value"])
+        ):
+            return False
+    return True
+
+
 def first_difference(got: List[Dict[str, Any]], expected: List[Dict[str, Any]]) -> Optional[Difference]:
     for i, exp in enumerate(expected):
         if i >= len(got):

@@ -8,6 +8,7 @@ difficulty, the engine symbols the learner writes), read into an `Exercise` with
     optional = []                 # helpers the learner may write or leave out ("module:qualname")
     timed = ["PrefillAdder.try_admit"]
     timing_cases = []             # case function names; default: the fixed unit cases
+    weights = { random_queues = 2 }   # points per case function name (default 1)
 
 The id is the folder's name. `unit_timeout_s`, `e2e_timeout_s` and `memory_limit_gb` may override
 the defaults of `Exercise`. Any other key, a missing one or a value of the wrong type raises
@@ -30,8 +31,9 @@ else:  # Python 3.10: the same parser, as a package
 
 FILE_NAME = "exercise.toml"
 _REQUIRED = {"chapter": int, "title": str, "difficulty": int, "replaces": list}
-_KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", list: "a list"}
-_OPTIONAL = {"optional": list, "timed": list, "timing_cases": list, "unit_timeout_s": float, "e2e_timeout_s": float, "memory_limit_gb": float}
+_KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", list: "a list", dict: "a table"}
+_OPTIONAL = {"optional": list, "timed": list, "timing_cases": list, "unit_timeout_s": float, "e2e_timeout_s": float, "memory_limit_gb": float,
+             "weights": dict}
 
 
 class DeclarationError(ValueError):
@@ -101,6 +103,11 @@ def parse(exercise_id: str, data: Dict[str, Any], path: Path) -> Exercise:
     for key in ("timed", "timing_cases"):
         if key in values:
             values[key] = _strings(where, key, values[key])
+    if "weights" in values:
+        bad = [(k, v) for k, v in values["weights"].items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
+        if bad:
+            raise DeclarationError(f"{where}: field 'weights': {bad[0][0]} = {bad[0][1]!r}; a weight is a positive number of points")
+        values["weights"] = {k: float(v) for k, v in values["weights"].items()}
     assert set(values) <= {f.name for f in fields(Exercise)}
     try:
         return Exercise(id=exercise_id, replaces=replaces, **values)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from . import integrity, progress, reference, registry, speed
-from .api import Exercise
+from . import integrity, progress, reference, registry, sandbox, speed
+from .api import HIDDEN_PREFIX, Exercise
 from .compare import first_difference
 from .result import CaseResult, GradeResult, Status
 from .runner import CaseJob, WorkerReport, cancel_all, reset_cancel, run_cases, sweep
@@ -31,14 +31,14 @@ def current_fingerprint() -> Dict[str, str]:
 
 
 def plan(ex: Exercise, seed: Optional[int] = None) -> List[CaseJob]:
-    """Every fixed case once, every seeded case with fresh seeds (reproducible with `seed`)."""
+    """Every fixed case once, every seeded case with fresh seeds (reproducible with `seed`) or with
+    the seeds it fixes."""
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
     jobs: List[CaseJob] = []
     for case in ex.cases:
         timeout = ex.timeout_for(case)
         if case.seeds:
-            for _ in range(case.seeds):
-                s = rng.randrange(1, 2**31)
+            for s in case.seed_list(rng):
                 jobs.append(CaseJob(f"{case.key}#{s}", case.key, s, timeout))
         else:
             jobs.append(CaseJob(case.key, case.key, None, timeout))
@@ -56,9 +56,10 @@ class Settings:
     memory_limit_gb: float
     threads: int
     use_cuda: bool
+    cases_dir: Optional[Path] = None  # an instructor's hidden cases, loaded by every worker
 
     def kw(self) -> Dict[str, Any]:
-        return dict(memory_limit_gb=self.memory_limit_gb, threads=self.threads, use_cuda=self.use_cuda)
+        return dict(memory_limit_gb=self.memory_limit_gb, threads=self.threads, use_cuda=self.use_cuda, cases_dir=self.cases_dir)
 
 
 @dataclass
@@ -122,11 +123,13 @@ def decide(event: Optional[Dict[str, Any]], expected: Optional[List[Dict[str, An
 
 def verdicts(ex: Exercise, jobs: List[CaseJob], expected: Expected, got: WorkerReport) -> List[CaseResult]:
     by_key = {c.key: c for c in ex.cases}
+    runs = {k: sum(j.key == k for j in jobs) for k in by_key}
     out: List[CaseResult] = []
     for i, job in enumerate(jobs):
         case = by_key[job.key]
         name = case.name + (f" (seed {job.seed})" if job.seed is not None else "")
-        base = dict(name=name, kind=case.kind, hint=case.hint, seed=job.seed)
+        base = dict(name=name, kind=case.kind, hint=case.hint, seed=job.seed, key=case.key, hidden=case.hidden,
+                    weight=ex.weight_of(case) / max(runs[job.key], 1))  # a seeded case's points, shared by its seeds
         if got.fatal is not None:
             status = Status(got.fatal["status"]) if i == 0 else Status.NOT_RUN
             msg = got.fatal["error"] if i == 0 else "not run: your file could not be graded (see the first case)"
@@ -136,7 +139,11 @@ def verdicts(ex: Exercise, jobs: List[CaseJob], expected: Expected, got: WorkerR
             out.append(CaseResult(status=Status.ERROR, message=f"the reference failed this case, a bug in the exercise, not in your code:\n{expected.broken[job.id]}", **base))
             continue
         event = got.results.get(job.id)
-        status, diff = decide(event, expected.obs.get(job.id))
+        try:
+            status, diff = decide(event, expected.obs.get(job.id))
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # observations of an unexpected shape
+            out.append(CaseResult(status=Status.ERROR, message=f"the observations this case sent could not be compared ({type(exc).__name__}: {exc})", **base))
+            continue
         if event is None:
             out.append(CaseResult(status=status, message="not run (grading stopped early)", **base))
             continue
@@ -186,33 +193,77 @@ def _recorded(exercise_id: str, snap: integrity.Snapshot, dirty: List[str], warn
 
 
 def _put_back(snap: integrity.Snapshot, warnings: List[str]) -> bool:
+    """Put back the watched files the graded code changed; True if it changed any. Where the
+    worker is confined (`judge.sandbox`) the graded code cannot write them, so a change is someone
+    else's edit: it is named, and kept."""
     changes = snap.changes()
-    if changes:
-        snap.restore(changes)
-        warnings.append("the graded code changed files the judge grades with: " + ", ".join(map(str, changes))
-                        + ". The judge put them back as they were and graded with what it had read before the code ran.")
-    return bool(changes)
+    if not changes:
+        return False
+    if sandbox.available():
+        warnings.append("files the judge grades with changed during this grading (not by the graded code, which cannot write "
+                        "them): " + ", ".join(map(str, changes)) + ". Grade again once they are settled.")
+        snap.retake()  # the new versions are the ones to compare with from here on
+        return False
+    snap.restore(changes)
+    warnings.append("the graded code changed files the judge grades with: " + ", ".join(map(str, changes))
+                    + ". The judge put them back as they were and graded with what it had read before the code ran.")
+    return True
 
 
-def grade(
-    exercise_id: str,
-    path: Optional[str | Path] = None,
-    *,
-    seed: Optional[int] = None,
-    save: bool = True,
-    timeout_scale: float = 1.0,
-    memory_limit_gb: Optional[float] = None,
-) -> GradeResult:
-    """Grade `path` (default: work/<id>.py) on exercise `exercise_id`; returns a GradeResult.
+@dataclass
+class Grading:
+    """What every file graded on one exercise is compared with, prepared before any learner code
+    runs: the cases planned, the recorded reference (where it applies here), the notes."""
 
-    The reference and the learner's piece each run in a subprocess, in parallel. Seeded cases get
-    fresh seeds unless `seed` fixes them. `timeout_scale` and `memory_limit_gb` adjust the limits
-    (for slow machines, or tests of the limits themselves)."""
-    ex = registry.load(exercise_id)
-    file = Path(path) if path is not None else registry.learner_path(exercise_id)
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist: run `python judge.py start {exercise_id}` to get the starter there")
-    file = file.resolve()
+    ex: Exercise
+    jobs: List[CaseJob]
+    settings: Settings
+    fingerprint: Dict[str, str]
+    snap: integrity.Snapshot
+    recorded: Optional[Dict[str, Any]]
+    use_recorded: bool
+    notes: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def ref_jobs(self) -> List[CaseJob]:
+        """The cases the reference engine runs now: seeded and hidden ones, and every case where
+        the recording does not apply."""
+        return [j for j in self.jobs if j.seed is not None or j.key.startswith(HIDDEN_PREFIX) or not self.use_recorded]
+
+    def expected(self, ref: WorkerReport) -> Expected:
+        return expected_from(self.jobs, ref, self.recorded["cases"] if self.use_recorded else None)
+
+    def reference(self) -> Expected:
+        """Run the reference (once more, alone, for any case whose reference run was lost) and
+        return what each case is compared with."""
+        ref = run_reference(self.ex, self.ref_jobs, self.settings) if self.ref_jobs else WorkerReport()
+        return self.settle(ref)
+
+    def settle(self, ref: WorkerReport) -> Expected:
+        expected = self.expected(ref)
+        if expected.broken:  # the graded code may have killed the reference's worker: once more, alone
+            sweep()
+            again = [j for j in self.ref_jobs if j.id in expected.broken]
+            rerun = run_reference(self.ex, again, self.settings)
+            ref.results.update({k: v for k, v in rerun.results.items() if v.get("completed")})
+            ref.fatal = ref.fatal if rerun.fatal else None
+            expected = self.expected(ref)
+        return expected
+
+    def result(self, display: str, expected: Expected, got: WorkerReport, warnings: Optional[List[str]] = None) -> GradeResult:
+        notes = list(self.notes)
+        if got.skipped:
+            notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
+        return GradeResult(self.ex.id, display, self.fingerprint["device"], verdicts(self.ex, self.jobs, expected, got), notes,
+                           warnings=list(self.warnings) + list(warnings or []))
+
+
+def prepare(exercise_id: str, *, seed: Optional[int] = None, timeout_scale: float = 1.0, memory_limit_gb: Optional[float] = None,
+            cases_dir: Optional[str | Path] = None, parallel: int = 2) -> Grading:
+    """Everything a grading of `exercise_id` needs before it runs a file (see `Grading`)."""
+    cases_dir = Path(cases_dir).expanduser().resolve() if cases_dir is not None else None
+    ex = registry.load(exercise_id, cases_dir)
     snap = integrity.Snapshot()  # before any learner code runs
     dirty = integrity.differs_from_git(snap, integrity.committed_ids())
     jobs = plan(ex, seed)
@@ -231,45 +282,73 @@ def grade(
     if len(others) > len(grading):
         engine = [d for d in others if d not in grading]
         notes.append("engine files that differ from their committed versions: " + ", ".join(engine[:8]) + (" ..." if len(engine) > 8 else ""))
-    fixed_keys = [j.key for j in jobs if j.seed is None]
+    fixed_keys = [j.key for j in jobs if j.seed is None and not j.key.startswith(HIDDEN_PREFIX)]
     use_recorded = reference.usable(recorded, fp, fixed_keys)
-    ref_jobs = [j for j in jobs if j.seed is not None or not use_recorded]
     if use_recorded:
         notes.append("fixed cases compared with the recorded reference outputs; seeded cases with the reference run now")
     elif recorded is None:
         notes.append("no recorded reference outputs: the reference ran on this machine")
     else:
-        notes.append(f"reference outputs were recorded on {reference.describe(recorded['fingerprint'])}; this machine differs, so the reference was recomputed here")
-    settings = Settings(memory_limit_gb or ex.memory_limit_gb, default_threads(2), use_cuda)
+        what = reference.differences(recorded.get("fingerprint", {}), fp) or ["cases missing from the recording"]
+        notes.append(f"the recorded reference outputs do not apply here ({'; '.join(what)}), so the reference was recomputed on this machine")
+    if not sandbox.available():
+        notes.append("this kernel has no Landlock, so the graded code runs unconfined: the judge puts back whatever it changes, "
+                     "but could not keep it from reading the recorded references")
+    if cases_dir is not None:
+        hidden = sum(c.hidden for c in ex.cases)
+        notes.append(f"{hidden} hidden case{'s' if hidden != 1 else ''} from {cases_dir}, their reference run on this machine")
+    settings = Settings(memory_limit_gb or ex.memory_limit_gb, default_threads(parallel), use_cuda, cases_dir)
+    return Grading(ex, jobs, settings, fp, snap, recorded, use_recorded, notes, warnings)
+
+
+def grade(
+    exercise_id: str,
+    path: Optional[str | Path] = None,
+    *,
+    seed: Optional[int] = None,
+    save: bool = True,
+    timeout_scale: float = 1.0,
+    memory_limit_gb: Optional[float] = None,
+    cases_dir: Optional[str | Path] = None,
+) -> GradeResult:
+    """Grade `path` (default: work/<id>.py) on exercise `exercise_id`; returns a GradeResult.
+
+    The reference and the learner's piece each run in a subprocess, in parallel. Seeded cases get
+    fresh seeds unless `seed` fixes them. `timeout_scale` and `memory_limit_gb` adjust the limits
+    (for slow machines, or tests of the limits themselves). `cases_dir`: an instructor's folder
+    of hidden cases (`<dir>/<id>/cases.py`), graded beside the public ones."""
+    registry.folder(exercise_id)  # an unknown id says so first
+    file = Path(path) if path is not None else registry.learner_path(exercise_id)
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist: run `python judge.py start {exercise_id}` to get the starter there")
+    file = file.resolve()
+    record_before = progress.snapshot()  # the learner's record, which graded code must not change
+    g = prepare(exercise_id, seed=seed, timeout_scale=timeout_scale, memory_limit_gb=memory_limit_gb, cases_dir=cases_dir)
+    warnings: List[str] = []
     reset_cancel()
     try:
         with ThreadPoolExecutor(2) as pool:
             try:
-                ref_future = pool.submit(run_reference, ex, ref_jobs, settings) if ref_jobs else None
-                got = pool.submit(run_file, ex, file, jobs, settings).result()
+                ref_future = pool.submit(run_reference, g.ex, g.ref_jobs, g.settings) if g.ref_jobs else None
+                got = pool.submit(run_file, g.ex, file, g.jobs, g.settings).result()
                 ref = ref_future.result() if ref_future else WorkerReport()
             except KeyboardInterrupt:
                 cancel_all()  # end the subprocesses, or the pool would wait for them
                 raise
-        if _put_back(snap, warnings) and ref_jobs:
-            ref = run_reference(ex, ref_jobs, settings)  # it ran while the files were changed: run it again
-        expected = expected_from(jobs, ref, recorded["cases"] if use_recorded else None)
-        if expected.broken:  # the graded code may have killed the reference's worker: once more, alone
-            sweep()
-            again = [j for j in ref_jobs if j.id in expected.broken]
-            rerun = run_reference(ex, again, settings)
-            ref.results.update({k: v for k, v in rerun.results.items() if v.get("completed")})
-            ref.fatal = ref.fatal if rerun.fatal else None
-            expected = expected_from(jobs, ref, recorded["cases"] if use_recorded else None)
-        if got.skipped:
-            notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
-        result = GradeResult(exercise_id, _display(file), fp["device"], verdicts(ex, jobs, expected, got), notes, warnings=warnings)
+        if _put_back(g.snap, warnings) and g.ref_jobs:
+            ref = run_reference(g.ex, g.ref_jobs, g.settings)  # it ran while the files were changed: run it again
+        result = g.result(_display(file), g.settle(ref), got, warnings)
         if result.ok:
-            result.speed = timing(ex, file, settings, fp["device"])
-            _put_back(snap, warnings)
+            result.speed = timing(g.ex, file, g.settings, g.fingerprint["device"])
+            _put_back(g.snap, result.warnings)
     finally:
-        _put_back(snap, warnings)
         sweep()
+        _put_back(g.snap, warnings)
+        if not sandbox.available() and progress.restore(record_before):  # confined code cannot write it
+            warnings.append(f"the graded code changed your progress record ({progress.path().name}); the judge put it back")
+    for w in warnings:
+        if w not in result.warnings:
+            result.warnings.append(w)
     if save:
         progress.record(result)
     return result

@@ -50,6 +50,10 @@ class Snapshot:
             data = p.read_bytes()
             self.files[rel], self.digests[rel] = data, hashlib.sha256(data).hexdigest()
 
+    def retake(self) -> None:
+        """Take the files as they are now (after someone else's edit, kept)."""
+        self.__init__()
+
     def changes(self) -> List[Change]:
         now = {str(p.relative_to(REPO_ROOT)): p for p in _watched_files()}
         out = []

@@ -6,6 +6,7 @@ import; elsewhere `import judge` or `%load_ext judge` does the same.
 
 from __future__ import annotations
 
+import html
 import tempfile
 from pathlib import Path
 
@@ -28,9 +29,27 @@ def _parse(line: str) -> tuple[str, int | None]:
     return parts[0], seed
 
 
-def judge_cell(line: str, cell: str) -> GradeResult:
-    """Grade `cell` as exercise `line`'s file; the result names it "this cell", not a temporary file."""
-    from . import progress, registry
+class NotStarted:
+    """What a `%%judge` cell that still holds the starter shows: nothing graded, nothing recorded."""
+
+    def __init__(self, exercise_id: str) -> None:
+        self.exercise = exercise_id
+
+    def __str__(self) -> str:
+        return (f"{self.exercise}: not started. This cell still holds the starter (every piece raises NotImplementedError), "
+                f"so it was not graded and your progress is unchanged. Write the pieces and run the cell again.")
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return f"<div style='color:#57606a'><b>{html.escape(self.exercise)}</b>: {html.escape(str(self).split(': ', 1)[1])}</div>"
+
+
+def judge_cell(line: str, cell: str) -> GradeResult | NotStarted:
+    """Grade `cell` as exercise `line`'s file; the result names it "this cell", not a temporary file.
+    A cell whose pieces all still raise NotImplementedError (the starter, as Run All finds it) is
+    not graded and not recorded: NotStarted says so."""
+    from . import progress, registry, submission
     from .grade import grade
 
     from IPython.core.error import UsageError
@@ -40,6 +59,8 @@ def judge_cell(line: str, cell: str) -> GradeResult:
         registry.folder(exercise_id)  # an unknown id fails here, with the list of known ones
     except (ValueError, registry.UnknownExerciseError) as exc:
         raise UsageError(str(exc)) from None  # IPython shows the message alone, no traceback
+    if submission.untouched(cell, registry.declared(exercise_id).replaces):
+        return NotStarted(exercise_id)  # Run All on a chapter reaches this cell: no attempt to record
     print(f"{exercise_id}: grading {CELL} (reference and your code run side by side; this takes a few seconds)")
     with tempfile.TemporaryDirectory(prefix="judge-cell-") as tmp:
         path = Path(tmp) / f"{exercise_id.replace('-', '_')}_cell.py"

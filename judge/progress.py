@@ -1,5 +1,10 @@
 """The judge's record of the learner's gradings (.judge/results.json): per exercise the latest
-result and the best one, which `judge.py list` and the index notebook both read."""
+result and the best one, which `judge.py list` and the index notebook both read.
+
+Only the judge writes it. The graded code runs where it cannot write the repository (see
+`judge.sandbox`), and wherever that sandbox is not available the judge takes the record's bytes
+before a grading and puts them back after it (`snapshot`, `restore`) before adding its own line.
+"""
 
 from __future__ import annotations
 
@@ -44,6 +49,26 @@ class Progress:
 
 def path() -> Path:
     return registry.STATE_DIR / "results.json"
+
+
+def snapshot() -> Optional[bytes]:
+    """The record's bytes now (None: there is no record yet)."""
+    try:
+        return path().read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def restore(before: Optional[bytes]) -> bool:
+    """Put the record back as `snapshot` found it; True if something else had changed it."""
+    now = snapshot()
+    if now == before:
+        return False
+    if before is None:
+        path().unlink(missing_ok=True)
+    else:
+        path().write_bytes(before)
+    return True
 
 
 def _attempt(raw: dict) -> Attempt:

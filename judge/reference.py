@@ -1,8 +1,9 @@
 """Recorded reference outputs: `judge/reference/<id>.json`, with the machine they came from.
 
 Only fixed cases are recorded; seeded cases are drawn at grade time and their reference is
-computed then. A recording is used only on a machine with the same fingerprint (device kind,
-torch, transformers, Python); elsewhere the judge recomputes the reference and says so.
+computed then. A recording is used on any machine whose fingerprint agrees on what can change an
+observation (`RESULT_FIELDS`: the device, torch's build, transformers); elsewhere the judge
+recomputes the reference and its note names each field that differs.
 """
 
 from __future__ import annotations
@@ -44,9 +45,27 @@ def save(exercise_id: str, fingerprint: Dict[str, str], cases: Dict[str, List[Di
     path_for(exercise_id).write_text(dumps(data))
 
 
+# What an observation can depend on: the device runs different kernels, torch's build its numerics,
+# transformers the model configs and tokenizers. Python's version changes no observation.
+RESULT_FIELDS = ("device", "torch", "transformers")
+
+
 def describe(fp: Dict[str, str]) -> str:
     return f"{fp.get('device')}, torch {fp.get('torch')}, transformers {fp.get('transformers')}, Python {fp.get('python')}"
 
 
+def differences(recorded: Dict[str, str], current: Dict[str, str]) -> List[str]:
+    """Each field that can change an observation and differs, as "transformers 5.25.0 here,
+    5.24.0 recorded" (empty: the recording applies to this machine)."""
+    out = []
+    for key in RESULT_FIELDS:
+        here, there = current.get(key), recorded.get(key)
+        if here != there:
+            name = "" if key == "device" else f"{key} "
+            out.append(f"{name}{here} here, {there} recorded")
+    return out
+
+
 def usable(recorded: Optional[Dict[str, Any]], current: Dict[str, str], keys: List[str]) -> bool:
-    return recorded is not None and recorded.get("fingerprint") == current and all(k in recorded["cases"] for k in keys)
+    return (recorded is not None and not differences(recorded.get("fingerprint", {}), current)
+            and all(k in recorded["cases"] for k in keys))

@@ -3,15 +3,16 @@ and cases."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 from . import declaration
-from .api import Exercise, take_pending
+from .api import Case, Exercise, take_pending
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXERCISES_DIR = REPO_ROOT / "exercises"
@@ -75,14 +76,7 @@ def declared(exercise_id: str) -> Exercise:
     return declaration.load(folder(exercise_id))
 
 
-def load(exercise_id: str) -> Exercise:
-    """The declared exercise with the cases `exercises/<id>/cases.py` registers (imported once per
-    process)."""
-    if exercise_id in _LOADED:
-        return _LOADED[exercise_id]
-    ex = declared(exercise_id)
-    path = folder(exercise_id) / "cases.py"
-    name = "judge_cases_" + re.sub(r"\W", "_", exercise_id)
+def _import_cases(path: Path, name: str) -> List[Case]:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -90,10 +84,43 @@ def load(exercise_id: str) -> Exercise:
     with full_engine():
         spec.loader.exec_module(module)
     if hasattr(module, "EXERCISE"):
-        raise declaration.DeclarationError(f"{path.relative_to(REPO_ROOT)} defines EXERCISE: an exercise is declared once, in {declaration.FILE_NAME} beside it")
-    ex.cases = take_pending()
-    if not ex.cases:
+        raise declaration.DeclarationError(f"{path} defines EXERCISE: an exercise is declared once, in {declaration.FILE_NAME}")
+    cases = take_pending()
+    if not cases:
         raise ValueError(f"{path}: no cases registered with @case")
+    return cases
+
+
+def hidden_cases_path(cases_dir: str | Path, exercise_id: str) -> Path:
+    """Where an instructor's folder keeps an exercise's hidden cases: `<dir>/<id>/cases.py`."""
+    path = Path(cases_dir).expanduser().resolve() / exercise_id / "cases.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: --cases-dir holds one folder per exercise, <dir>/{exercise_id}/cases.py")
+    return path
+
+
+def load(exercise_id: str, cases_dir: Optional[str | Path] = None) -> Exercise:
+    """The declared exercise with the cases `exercises/<id>/cases.py` registers (imported once per
+    process), and, with `cases_dir`, the instructor's hidden cases of `<cases_dir>/<id>/cases.py`
+    after them (their keys start with "hidden:")."""
+    if cases_dir is not None:
+        path = hidden_cases_path(cases_dir, exercise_id)
+        key = f"{exercise_id}@{path}"
+        if key not in _LOADED:
+            public = load(exercise_id)
+            name = "judge_hidden_cases_" + re.sub(r"\W", "_", exercise_id)
+            hidden = [dataclasses.replace(c, hidden=True) for c in _import_cases(path, name)]
+            _LOADED[key] = dataclasses.replace(public, cases=public.cases + hidden)
+        return _LOADED[key]
+    if exercise_id in _LOADED:
+        return _LOADED[exercise_id]
+    ex = declared(exercise_id)
+    path = folder(exercise_id) / "cases.py"
+    ex.cases = _import_cases(path, "judge_cases_" + re.sub(r"\W", "_", exercise_id))
+    unknown = sorted(set(ex.weights) - {c.key for c in ex.cases})
+    if unknown:
+        raise declaration.DeclarationError(f"exercises/{exercise_id}/{declaration.FILE_NAME}: field 'weights' names {', '.join(unknown)}, "
+                                           f"which are not case functions of its cases.py ({', '.join(c.key for c in ex.cases)})")
     _LOADED[exercise_id] = ex
     return ex
 

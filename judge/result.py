@@ -44,6 +44,9 @@ class CaseResult:
     hint: Optional[int] = None
     seed: Optional[int] = None
     seconds: float = 0.0
+    key: str = ""  # the case function's name ("hidden:..." for an instructor's case)
+    hidden: bool = False  # an instructor's case from --cases-dir, reported apart from the public ones
+    weight: float = 1.0  # the points it is worth
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -51,6 +54,10 @@ class CaseResult:
     @property
     def passed(self) -> bool:
         return self.status is Status.PASS
+
+    @property
+    def points(self) -> float:
+        return self.weight if self.passed else 0.0
 
     def lines(self) -> List[str]:
         head = f"[{_MARK[self.status]:>7}] {self.kind:<4} {self.name}  ({self.seconds:.1f} s)"
@@ -91,6 +98,19 @@ class GradeResult:
     def score(self) -> float:
         return self.passed / self.total if self.total else 0.0
 
+    @property
+    def points(self) -> float:
+        """The weighted score: the points of the cases that pass (`max_points` in all)."""
+        return round(sum(c.points for c in self.cases), 6)
+
+    @property
+    def max_points(self) -> float:
+        return round(sum(c.weight for c in self.cases), 6)
+
+    def part(self, hidden: bool) -> List[CaseResult]:
+        """The public cases, or an instructor's hidden ones."""
+        return [c for c in self.cases if c.hidden == hidden]
+
     def first_failure(self) -> Optional[CaseResult]:
         return next((c for c in self.cases if not c.passed), None)
 
@@ -105,10 +125,20 @@ class GradeResult:
         lines = [f"{self.exercise}: grading {self.file}"]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  WARNING: {w}" for w in self.warnings]
-        for c in self.cases:
+        hidden = self.part(True)
+        for c in self.part(False):
             lines += c.lines()
+        if hidden:
+            lines.append("hidden cases (the instructor's):")
+            for c in hidden:
+                lines += c.lines()
         verdict = "all cases pass" if self.ok else "not yet"
         lines.append(f"score: {self.passed}/{self.total} ({verdict})")
+        if hidden:
+            public = self.part(False)
+            lines.append(f"  public {sum(c.passed for c in public)}/{len(public)}, hidden {sum(c.passed for c in hidden)}/{len(hidden)}")
+        if self.max_points != self.total:
+            lines.append(f"points: {self.points:g}/{self.max_points:g}")
         lines += [f"speed: {s}" for s in self.speed]
         if not self.ok:
             lines.append(self._hint_line())
@@ -128,7 +158,7 @@ class GradeResult:
             if c.message:
                 detail += f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(c.message)}</pre>"
             rows.append(
-                f"<tr><td style='color:{_COLOR[c.status]};font-weight:bold'>{_MARK[c.status]}</td><td>{c.kind}</td>"
+                f"<tr><td style='color:{_COLOR[c.status]};font-weight:bold'>{_MARK[c.status]}</td><td>{c.kind}{' (hidden)' if c.hidden else ''}</td>"
                 f"<td>{html.escape(c.name)}</td><td style='text-align:left'>{detail}</td><td>{c.seconds:.1f} s</td></tr>"
             )
         color = _COLOR[Status.PASS] if self.ok else _COLOR[Status.FAIL]

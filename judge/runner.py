@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from . import procs
+from . import procs, registry
+from .compare import well_formed
 from .registry import REPO_ROOT, full_engine
 from .result import Status
 
-STARTUP_S = 120.0  # importing torch, the cases and the learner's file, before the first case
+STARTUP_S = 120.0  # a fresh interpreter: importing torch, the cases and the learner's file, before the first case
+LOAD_S = 30.0  # a forked worker (torch and the engine already imported): loading the learner's file
+STOPPED_S = 1.0  # a worker stopped (SIGSTOP) this long is ended: a stopped process never gets on
+
 POLL_S = 0.05
 SPAWN_S = 60.0  # a fork server that takes longer to start a worker is replaced
 TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
@@ -126,11 +130,13 @@ class Zygote:
         return proc
 
     @classmethod
-    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
+    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool,
+              cases_dir: Optional[str] = None) -> ForkedProc:
         """Start a worker for `job`. A fork server that does not answer (the learner's code may have
         stopped it) is replaced by a new one, once."""
         pid_path = job.with_suffix(".pid")
-        request = json.dumps({"exercise": exercise_id, "job": str(job), "err": str(err), "pid": str(pid_path), "rlimit_as": rlimit_as})
+        request = json.dumps({"exercise": exercise_id, "cases_dir": cases_dir, "job": str(job), "err": str(err), "pid": str(pid_path),
+                              "rlimit_as": rlimit_as})
         with cls._lock:  # a keeper is registered before any sweep can take it for a stray
             for attempt in range(2):
                 proc = cls._ensure(env, fresh)
@@ -222,10 +228,14 @@ def run_cases(
     use_cuda: bool = False,
     on_done: Optional[Callable[[str, Dict[str, Any]], bool]] = None,
     speed: bool = False,
+    cases_dir: Optional[Path] = None,
+    sandbox: Optional[Dict[str, Any]] = None,
 ) -> WorkerReport:
     """Run `cases` with `file` installed (None: the reference engine). `on_done(case_id, event)`
     may return True to stop early (the rest are left out of the report). `speed`: instead of
-    reporting each case, time the learner's piece against the engine's over them (`report.timings`)."""
+    reporting each case, time the learner's piece against the engine's over them (`report.timings`).
+    `cases_dir`: an instructor's folder of hidden cases (`<dir>/<id>/cases.py`), loaded beside the
+    public ones. `sandbox`: extra paths the learner's code may not read (see `judge.sandbox`)."""
     report = WorkerReport()
     remaining = list(cases)
     limit = int(memory_limit_gb * (1 << 30))
@@ -240,20 +250,23 @@ def run_cases(
             job_path.write_text(json.dumps({
                 "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
                 "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
+                "cases_dir": str(cases_dir) if cases_dir else None,
+                "no_access": [str(registry.STATE_DIR), *(sandbox or {}).get("no_access", [])],  # the learner's record, wherever it is
             }))
             out_path.touch()
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
             try:
-                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
+                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh,
+                                    str(cases_dir) if cases_dir else None)
             except RuntimeError as exc:
                 events.close()
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}
                 return report
             _LIVE.add(proc)
             try:
-                stop, killed_for = _watch(proc, events, remaining, report, limit, on_done, speed)
+                stop, killed_for = _watch(proc, events, remaining, report, limit, on_done, speed, STARTUP_S if fresh else LOAD_S)
             finally:
                 proc.kill()  # whatever the run left behind ends with it
                 _LIVE.discard(proc)
@@ -298,13 +311,39 @@ def _started(out_path: Path) -> bool:
         return False
 
 
-def _watch(proc, events, remaining, report, limit, on_done, speed=False):
+_FAILURES = {"rejected": Status.REJECTED, "oom": Status.OOM, "error": Status.ERROR}
+
+
+def failure_status(kind: Any) -> Status:
+    """A failure the worker reports, as a verdict. The worker runs the learner's code, so what it
+    says is an observation: it can only ever name a failure, never a pass."""
+    return _FAILURES.get(kind, Status.ERROR) if isinstance(kind, str) else Status.ERROR
+
+
+def _case_event(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """A case's `done` line as the parent keeps it: whether the case returned and what it
+    recorded, every field checked; a status only where the case failed in the worker."""
+    obs = raw.get("obs")
+    seconds = raw.get("seconds")
+    event = {"completed": raw.get("outcome") == "returned", "status": None, "error": str(raw.get("error") or ""),
+             "obs": obs, "printed": str(raw.get("printed") or ""),
+             "seconds": float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0.0}
+    if not well_formed(obs):
+        event.update(completed=False, obs=[], status=Status.ERROR,
+                     error="the grading process sent observations the judge cannot read (does your code change how cases record them?)")
+    elif not event["completed"]:
+        event["status"] = failure_status(raw.get("kind"))
+    return event
+
+
+def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_limit=STARTUP_S):
     """Follow the event file until the process ends. Returns (stopped early, result of a kill)."""
     timeouts = {c.id: c.timeout_s for c in remaining}
     speed_limit = sum(timeouts.values()) * 3  # the timing run repeats the cases, twice a round
     buf = ""
     current: Optional[str] = None
     started_at = time.monotonic()
+    stopped_since: Optional[float] = None
     polls = 0
     while True:
         chunk = events.read()
@@ -317,21 +356,20 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False):
             except (ValueError, KeyError, AttributeError):
                 continue  # not the worker's: something else wrote to the file
             if kind == "fatal":
-                event["status"] = Status(event["status"])
-                report.fatal = event
+                report.fatal = {"status": failure_status(event.get("kind")), "error": str(event.get("error") or "")}
             elif kind == "ready":
-                report.fingerprint, report.skipped = event["fingerprint"], event["skipped"]
+                fp, skipped = event.get("fingerprint"), event.get("skipped")
+                report.fingerprint = {str(k): str(v) for k, v in fp.items()} if isinstance(fp, dict) else {}
+                report.skipped = [str(x) for x in skipped] if isinstance(skipped, list) else []
                 started_at = time.monotonic()
             elif kind == "speed":
-                report.timings = event["timings"]
+                report.timings = event.get("timings") if isinstance(event.get("timings"), dict) else None
                 return False, None
-            elif kind == "start":
+            elif kind == "start" and event.get("case") in timeouts:
                 current, started_at = event["case"], time.monotonic()
-            elif kind == "done":
-                if event.get("status") is not None:
-                    event["status"] = Status(event["status"])
-                report.results[event.pop("case")] = event
-                finished, current = current, None
+            elif kind == "done" and event.get("case") in timeouts:
+                finished, current = event["case"], None
+                report.results[finished] = _case_event(event)
                 if on_done is not None and on_done(finished, report.results[finished]):
                     return True, None
         if report.fatal is not None:
@@ -341,9 +379,20 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False):
         if not speed and current is None and all(c.id in report.results for c in remaining):
             return False, None  # every case reported: a thread left running by the learner's code must not keep us
         now = time.monotonic()
-        if current is None and report.fingerprint is None and now - started_at > STARTUP_S:
-            report.fatal = {"status": Status.TIMEOUT, "error": f"loading your file took more than {STARTUP_S:.0f} s (does it run something at import time?)"}
+        if current is None and report.fingerprint is None and now - started_at > load_limit:
+            report.fatal = {"status": Status.TIMEOUT, "error": f"loading your file took more than {load_limit:.0f} s (does it run something at import time?)"}
             return False, None
+        me = procs.read(proc.pid)
+        if me is not None and me.state in ("T", "t"):  # stopped: it would sit there until a limit ran out
+            stopped_since = stopped_since or now
+            if now - stopped_since > STOPPED_S:
+                result = _ended(Status.ERROR, "the grading process was stopped (SIGSTOP: does your code stop its own process?)", now - started_at)
+                if current is None:
+                    report.fatal = {k: result[k] for k in ("status", "error")}
+                    return False, None
+                return False, result
+        else:
+            stopped_since = None
         # memory first: a case that is both over memory and slow is slow because of the memory;
         # about once a second, with what the processes it started use too
         polls += 1

@@ -63,14 +63,14 @@ def format_error(exc: BaseException, learner_file: str | None) -> str:
     return msg + ("\n" + "\n".join(lines) if lines else "")
 
 
-def _status_of(exc: BaseException):
-    from judge.result import Status
-
+def _failure_kind(exc: BaseException) -> str:
+    """How a run failed, in the worker's words ("rejected", "oom", "error"): the parent turns it
+    into a verdict, and no word of this process's ever becomes a pass."""
     if type(exc).__name__ == "ReferenceUsedError":
-        return Status.REJECTED
+        return "rejected"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
-        return Status.OOM
-    return Status.ERROR
+        return "oom"
+    return "error"
 
 
 def _tail(text: str, limit: int = 1500) -> str:
@@ -92,6 +92,20 @@ def _run_case(case, item: Dict[str, Any], obs) -> None:
         case.fn(obs)
 
 
+def _confine(job: Dict[str, Any], learner_file: str) -> None:
+    """From here on, this process (the learner's code) cannot read the recorded references, the
+    judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
+    from judge import registry, sandbox
+
+    repo = Path(job["repo"])
+    no_access = [repo / "judge" / "reference", registry.STATE_DIR, *map(Path, job.get("no_access", []))]
+    if job.get("cases_dir"):
+        no_access.append(Path(job["cases_dir"]))
+    why = sandbox.restrict(no_access, [repo], [Path(learner_file)])
+    if why is not None and sandbox.available():  # the judge counts on it: never run the learner's code unconfined here
+        raise RuntimeError(f"the judge could not confine the grading process: {why}")
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     out = open(job["out"], "a")
@@ -103,31 +117,37 @@ def main(job_path: str) -> int:
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     from judge import install, registry
     from judge.api import Obs
-    from judge.result import Status
 
     learner_file = os.path.abspath(job["file"]) if job.get("file") else None
-    ex = registry.load(job["exercise"])  # the cases are read before any of the learner's code runs
+    # the cases (and an instructor's hidden ones) are read before any of the learner's code runs
+    ex = registry.load(job["exercise"], job.get("cases_dir"))
     installed = None
+    if learner_file:
+        source = Path(learner_file).read_text()
+        try:
+            _confine(job, learner_file)
+        except RuntimeError as exc:
+            _emit(out, event="fatal", kind="error", error=str(exc))
+            return 0
     try:
         if learner_file:
-            source = Path(learner_file).read_text()
             findings = install.scan(source, ex.replaces, ex.id)
             if findings:
-                _emit(out, event="fatal", status=Status.REJECTED, error="your file reaches the engine's own version of the piece it replaces:\n" + "\n".join(f"  {f}" for f in findings))
+                _emit(out, event="fatal", kind="rejected", error="your file reaches the engine's own version of the piece it replaces:\n" + "\n".join(f"  {f}" for f in findings))
                 return 0
             hidden = install.hide(ex.replaces)
             before = set(sys.modules)
             learner = install.load_learner(Path(learner_file))
             borrowed = install.exercise_files_loaded(set(sys.modules) - before, learner_file)
             if borrowed:
-                _emit(out, event="fatal", status=Status.REJECTED, error="your file loads the exercise's own files: " + ", ".join(borrowed))
+                _emit(out, event="fatal", kind="rejected", error="your file loads the exercise's own files: " + ", ".join(borrowed))
                 return 0
             installed = install.transplant(ex.replaces, learner, hidden)
     except install.MissingPieceError as exc:
-        _emit(out, event="fatal", status=Status.ERROR, error=str(exc))
+        _emit(out, event="fatal", kind="error", error=str(exc))
         return 0
     except BaseException as exc:  # the learner's module failed to import
-        _emit(out, event="fatal", status=_status_of(exc), error="your file failed to load: " + format_error(exc, learner_file))
+        _emit(out, event="fatal", kind=_failure_kind(exc), error="your file failed to load: " + format_error(exc, learner_file))
         return 0
     _emit(out, event="ready", fingerprint=fingerprint(), skipped=installed.skipped if installed else [])
 
@@ -148,12 +168,13 @@ def main(job_path: str) -> int:
         try:
             with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
                 _run_case(case, item, obs)
-            completed, status, error = True, None, ""
+            outcome, kind, error = "returned", None, ""
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            completed, status, error = False, _status_of(exc), format_error(exc, learner_file)
-        _emit(out, event="done", case=item["id"], completed=completed, status=status, error=error, obs=obs.items,
+            outcome, kind, error = "raised", _failure_kind(exc), format_error(exc, learner_file)
+        # observations only: whether the case returned, and what it recorded; the verdict is the parent's
+        _emit(out, event="done", case=item["id"], outcome=outcome, kind=kind, error=error, obs=obs.items,
               printed=_tail(printed.getvalue()), seconds=time.perf_counter() - t0)
     return 0
 

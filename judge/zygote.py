@@ -32,16 +32,16 @@ def _preload() -> None:
     import minisgl.kvcache  # noqa: F401
     import minisgl.models  # noqa: F401
     import minisgl.scheduler  # noqa: F401
-    from judge import api, harness, install, registry, speed, worker  # noqa: F401
+    from judge import api, harness, install, registry, sandbox, speed, worker  # noqa: F401
 
 
-def _load_cases(exercise_id: str) -> None:
-    """Read an exercise's cases here, before forking, so every worker has them before any learner
-    code runs (this process never runs learner code)."""
+def _load_cases(exercise_id: str, cases_dir) -> None:
+    """Read an exercise's cases (and an instructor's hidden ones) here, before forking, so every
+    worker has them before any learner code runs (this process never runs learner code)."""
     from judge import registry
 
     try:
-        registry.load(exercise_id)
+        registry.load(exercise_id, cases_dir)
     except Exception:  # a broken cases.py is reported by the worker that needs it
         pass
 
@@ -116,7 +116,7 @@ def main() -> None:
             continue
         req = json.loads(line)
         if not fresh:
-            _load_cases(req["exercise"])
+            _load_cases(req["exercise"], req.get("cases_dir"))
         if os.fork() == 0:
             _keep(req, fresh)
 

@@ -301,13 +301,15 @@ OVERLAP = variants.solution_file("overlap-loop")
 
 def test_helper_methods_are_installed_with_the_piece(tmp_path: Path) -> None:
     old = "        if self.cache.available_pages < self.reserved_pages + need:\n"
+    method = registry.declared("prefill-adder").replaces[0].attr  # the piece the learner writes
     helper = (
         "    @staticmethod\n    def _limit() -> int:\n        return 0\n\n"
         "    def _fits(self, need: int) -> bool:\n        return self.cache.available_pages >= self.reserved_pages + need + self._limit()\n\n"
-        "    def try_admit("
+        f"    def {method}("
     )
     path = _variant(tmp_path, "helpers", old, "        if not self._fits(need):\n", PREFILL)
-    path.write_text(path.read_text().replace("    def try_admit(", helper, 1))
+    assert f"    def {method}(" in path.read_text()
+    path.write_text(path.read_text().replace(f"    def {method}(", helper, 1))
     result = grade("prefill-adder", path, seed=1, save=False)
     assert result.ok, str(result)
 
@@ -404,35 +406,47 @@ def test_processes_started_in_cases_do_not_outlive_the_verdict(tmp_path: Path) -
 
 
 # ---- the graded code cannot change what grades it ------------------------------------------------
+TAMPERED = "base-op"  # an exercise whose files this test rewrites (and puts back) while it runs
+
+
 def test_rewriting_the_reference_changes_no_verdict(tmp_path: Path) -> None:
     # the solution, plus code that empties the recorded reference and appends to the cases: were
     # either trusted, the solution would fail (it records observations the blanked reference lacks)
-    ref = REPO / "judge" / "reference" / "prefill-adder.json"
-    cases = REPO / "exercises" / "prefill-adder" / "cases.py"
+    ref = REPO / "judge" / "reference" / f"{TAMPERED}.json"
+    cases = REPO / "exercises" / TAMPERED / "cases.py"
     original_ref, original_cases = ref.read_bytes(), cases.read_bytes()
+    answer = variants.solution_file(TAMPERED)
     tamper = tmp_path / "tamper.py"
+    # where the worker is confined (Landlock) the reads and writes fail; elsewhere they succeed
     tamper.write_text(
         "import json, pathlib\n"
         f"_root = pathlib.Path({str(REPO)!r})\n"
-        "_ref = _root / 'judge' / 'reference' / 'prefill-adder.json'\n"
-        "_data = json.loads(_ref.read_text())\n"
-        "_ref.write_text(json.dumps(dict(_data, cases={k: [] for k in _data['cases']})))\n"
-        "with open(_root / ('exer' + 'cises') / 'prefill-adder' / 'cases.py', 'a') as f:\n    f.write('\\nraise SystemExit\\n')\n"
-        + PREFILL.read_text()
+        f"_ref = _root / 'judge' / 'reference' / '{TAMPERED}.json'\n"
+        "try:\n"
+        "    _data = json.loads(_ref.read_text())\n"
+        "    _ref.write_text(json.dumps(dict(_data, cases={k: [] for k in _data['cases']})))\n"
+        "except OSError:\n    pass\n"
+        "try:\n"
+        f"    with open(_root / ('exer' + 'cises') / '{TAMPERED}' / 'cases.py', 'a') as f:\n        f.write('\\nraise SystemExit\\n')\n"
+        "except OSError:\n    pass\n"
+        + answer.read_text()
     )
+    from judge import sandbox
+
     try:
-        result = grade("prefill-adder", tamper, seed=1, save=False)
+        result = grade(TAMPERED, tamper, seed=1, save=False)
         assert result.ok, str(result)
-        assert any("prefill-adder.json (changed)" in w and "cases.py (changed)" in w for w in result.warnings), str(result)
+        changed = any(f"{TAMPERED}.json (changed)" in w and "cases.py (changed)" in w for w in result.warnings)
+        assert changed != sandbox.available(), str(result)  # confined: nothing changed; else changed and put back
         assert ref.read_bytes() == original_ref and cases.read_bytes() == original_cases
-        again = grade("prefill-adder", PREFILL, seed=1, save=False)
+        again = grade(TAMPERED, answer, seed=1, save=False)
         assert again.ok and not any("graded code changed" in w for w in again.warnings), str(again)
         # changed while no grading ran (say, by a grading the judge could not finish): found by the
         # hash git keeps of the committed version, which is used instead
         data = json.loads(original_ref)
         ref.write_text(json.dumps(dict(data, cases={k: [] for k in data["cases"]})))
-        later = grade("prefill-adder", PREFILL, seed=1, save=False)
-        assert later.ok and any("prefill-adder.json differs from its committed version" in w for w in later.warnings), str(later)
+        later = grade(TAMPERED, answer, seed=1, save=False)
+        assert later.ok and any(f"{TAMPERED}.json differs from its committed version" in w for w in later.warnings), str(later)
     finally:
         ref.write_bytes(original_ref)
         cases.write_bytes(original_cases)
@@ -449,8 +463,9 @@ def test_failure_names_the_field(tmp_path: Path) -> None:
 def test_a_passing_hot_path_piece_reports_its_speed() -> None:
     result = grade("prefill-adder", PREFILL, seed=1, save=False)
     assert result.ok and result.speed, str(result)
-    assert result.speed[0].startswith("your try_admit: ") and "x the reference's time" in result.speed[0]
-    assert "speed: your try_admit" in str(result)
+    timed = registry.declared("prefill-adder").timed[0].split(".")[-1]
+    assert result.speed[0].startswith(f"your {timed}: ") and "x the reference's time" in result.speed[0]
+    assert f"speed: your {timed}" in str(result)
 
 
 def test_fresh_interpreter_workers_contain_processes_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
