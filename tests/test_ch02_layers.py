@@ -192,8 +192,8 @@ def test_rotary_cos_sin_match_transformers_rope_init(case):
     ours = RotaryEmbedding(HEAD_DIM, MAX_POS, theta, scaling, CPU)
     positions = torch.tensor([[0, 1, 2, 17, 511, 1024, 2047, 4095]])
     cos, sin = hf(torch.zeros(1, dtype=F32), positions)
-    torch.testing.assert_close(ours._cos[positions[0]], cos[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours._sin[positions[0]], sin[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.cos[positions[0]], cos[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.sin[positions[0]], sin[0], rtol=1e-5, atol=1e-5)
     if case.startswith("yarn"):
         assert hf.attention_scaling > 1.0  # the factor is really applied, not just equal to one
 

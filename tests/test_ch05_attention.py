@@ -65,7 +65,7 @@ def run(phase: str, page_size: int, specs, seed: int = 0):
     backend.prepare_metadata(batch)
     new = lambda t: torch.cat([t[i][r.cached_len : r.device_len] for i, r in enumerate(reqs)])  # noqa: E731
     q = torch.randn(batch.num_tokens, HQ, D, generator=gen)
-    out = backend.forward(q, new(full_k), new(full_v), layer_id=0, batch=batch)
+    out = backend.attend(q, new(full_k), new(full_v), layer_id=0, batch=batch)
     start = 0
     for i, r in enumerate(reqs):
         n = r.extend_len

@@ -103,7 +103,8 @@ print(json.dumps({"device": device.type,
     (16, "torch", False),
     (17, "flashinfer", False),  # chapter 17 adds the FlashInfer backend
     (18, "flashinfer", True),   # chapter 18 adds the graph runner
-    (21, "flashinfer", True),
+    (19, "triton-decode", True),  # chapter 19 adds the Triton-decode backend
+    (21, "triton-decode", True),
 ])
 def test_auto_resolves_among_what_the_stage_holds(chapter, attention, graphs):
     import json

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List
 
 import torch
 
 from minisgl.core import BaseAttnMetadata, Batch
-from minisgl.kernel import PendingRope
+
+if TYPE_CHECKING:
+    from minisgl.layers.rotary import QKNormRope
 
 __all__ = ["BaseAttnBackend", "BaseAttnMetadata"]  # the metadata base lives with the Batch that carries it
 
@@ -18,26 +20,25 @@ class BaseAttnBackend(ABC):
     def prepare_metadata(self, batch: "Batch") -> None:
         """Fill `batch.attn_metadata` (called once per batch, before the forward pass)."""
 
-    @abstractmethod
-    def forward(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int, batch: "Batch") -> torch.Tensor:
-        """Store this step's k/v (`[tokens, kv_heads, head_dim]`) at `batch.out_loc`, then attend.
-        `k = v = None`: the caller already wrote them there (see `kv_destination`).
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch", qk: "QKNormRope"
+    ) -> torch.Tensor:
+        """Attention for this step's q, k and v as the projection left them (`[tokens, heads, head_dim]`):
+        normalise and rotate q and k (`qk`: the layer's per-head norms, if any, and RoPE), then `attend`.
 
-        q: `[tokens, q_heads, head_dim]`. Returns `[tokens, q_heads, head_dim]`.
+        This plain sequence is the specification; a backend may override it to run the same
+        steps in fewer kernels. Returns `[tokens, q_heads, head_dim]`.
         """
+        q, k = qk(batch.positions, q, k)
+        return self.attend(q, k, v, layer_id, batch)
 
-    def kv_destination(self, layer_id: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """The layer's key and value caches (`[slots, kv_heads, head_dim]`, contiguous) when the
-        caller may write this step's k/v into them itself, fused with RoPE, and then call
-        `forward(q, None, None, ...)`; None (the default): pass k and v to `forward`."""
-        return None
+    @abstractmethod
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
+        """Store this step's k/v (`[tokens, kv_heads, head_dim]`, already rotated) at `batch.out_loc`,
+        then attend: each query sees its request's keys up to its own position.
 
-    def forward_rotating(self, q: torch.Tensor, rope: PendingRope, layer_id: int, batch: "Batch") -> Optional[torch.Tensor]:
-        """Attention for q and this step's k and v as the projection left them (`rope`: before the
-        norms and RoPE), for batches whose kernel applies those and the KV store itself, in the same
-        launch. None (the default, and for every other batch): the caller rotates and stores first,
-        then calls `forward`."""
-        return None
+        q: `[tokens, q_heads, head_dim]`, rotated. Returns `[tokens, q_heads, head_dim]`.
+        """
 
     # CUDA-graph hooks; a backend that cannot be captured keeps these defaults.
     def supports_cuda_graph(self) -> bool:

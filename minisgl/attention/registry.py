@@ -1,5 +1,9 @@
-"""Pick an attention backend by name ("auto": FlashInfer on CUDA when installed, part of the package
-being run, and able to run the model's KV layout; else torch)."""
+"""Pick an attention backend by name.
+
+"auto" takes the fastest one the package and the machine can run: on CUDA with FlashInfer installed,
+the Triton-decode backend (chapter 19) where the package has it, else FlashInfer (chapter 17); else
+torch, the reference path that runs everything.
+"""
 
 from __future__ import annotations
 
@@ -13,32 +17,38 @@ from minisgl.utils import package_has
 from .base import BaseAttnBackend
 from .torch_backend import TorchAttnBackend
 
-
 FLASHINFER_MODULE = "minisgl.attention.flashinfer_backend"  # arrives in chapter 17
+TRITON_DECODE_MODULE = "minisgl.attention.triton_decode_backend"  # arrives in chapter 19
+BACKENDS = ("auto", "torch", "flashinfer", "triton-decode")
 
 
 def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> str:
     if name != "auto":
         return name
-    # a staged package (the package as of an earlier chapter) lacks the FlashInfer backend: "auto"
+    # a staged package (the package as of an earlier chapter) lacks the GPU backends: "auto"
     # chooses among what the package holds
     if package_has(FLASHINFER_MODULE) and importlib.util.find_spec("flashinfer") is not None:
         from .flashinfer_backend import flashinfer_problem  # the backend knows what its kernels run
 
         if flashinfer_problem(device, dtype, head_dim) is None:
-            return "flashinfer"
-    return "torch"  # the reference path runs everything, only slower
+            return "triton-decode" if package_has(TRITON_DECODE_MODULE) else "flashinfer"
+    return "torch"
 
 
 def create_attention_backend(name: str, kv_cache: MHAKVCache, page_table: torch.Tensor, **kwargs) -> BaseAttnBackend:
     name = resolve_backend_name(name, page_table.device, kv_cache.buffer.dtype, kv_cache.head_dim)
     if name == "torch":
         return TorchAttnBackend(kv_cache, page_table, kwargs.get("pad_slot", 0))
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    module, chapter = (FLASHINFER_MODULE, 17) if name == "flashinfer" else (TRITON_DECODE_MODULE, 19)
+    if not package_has(module):
+        raise ValueError(f"attention_backend={name!r}: this package has no such backend yet (chapter {chapter} adds it); "
+                         "use 'auto' or 'torch'")
     if name == "flashinfer":
-        if not package_has(FLASHINFER_MODULE):
-            raise ValueError("attention_backend='flashinfer': this package has no FlashInfer backend yet "
-                             "(chapter 17 adds it); use 'auto' or 'torch'")
         from .flashinfer_backend import FlashInferAttnBackend
 
         return FlashInferAttnBackend(kv_cache, page_table, **kwargs)
-    raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'torch' or 'flashinfer'")
+    from .triton_decode_backend import TritonDecodeAttnBackend
+
+    return TritonDecodeAttnBackend(kv_cache, page_table, **kwargs)

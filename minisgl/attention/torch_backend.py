@@ -45,7 +45,7 @@ class TorchAttnBackend(BaseAttnBackend):
             start += r.extend_len
         batch.attn_metadata = TorchAttnMetadata(q_starts, [r.cached_len for r in batch.reqs], kv_lens, slots, mask)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         meta: TorchAttnMetadata = batch.attn_metadata
         if batch.is_decode:

@@ -33,7 +33,7 @@ class EngineConfig:
     memory_fraction: float = field(default=0.9, metadata={
         "aliases": ("memory_ratio",), "help": "share of free GPU memory (after the weights) given to the KV pool"})
     cpu_kv_budget_gb: float = field(default=1.0, metadata={"help": "KV pool size on the CPU, in GiB"})
-    attention_backend: str = field(default="auto", metadata={"help": "auto, torch or flashinfer"})
+    attention_backend: str = field(default="auto", metadata={"help": "auto, torch, flashinfer or triton-decode"})
     use_cuda_graph: bool = field(default_factory=lambda: not ENV.disable_cuda_graph, metadata={
         "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless MINISGL_DISABLE_CUDA_GRAPH=1"})
     cuda_graph_max_bs: int = field(default=256, metadata={"help": "largest decode batch captured as a CUDA graph (larger ones run eagerly)"})

@@ -8,7 +8,7 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 
 from .activation import silu_and_mul, silu_and_mul_ref
 from .cpu_gemm import cpu_linear
-from .decode import LARGE_BATCH_BLOCK, LARGE_BATCH_STAGES, DecodeScratch, decode_attention, decode_attention_ref, decode_splits, merge_pieces, merge_pieces_ref
+from .decode import DecodeScratch, DecodeTile, decode_attention, decode_attention_ref, decode_splits
 from .gemv import GEMV_MAX_ROWS, PreNorm, gemv, gemv_applies, gemv_normed, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
@@ -18,6 +18,7 @@ from .util import triton_available
 
 __all__ = [
     "DecodeScratch",
+    "DecodeTile",
     "GEMV_MAX_ROWS",
     "PendingRope",
     "PreNorm",
@@ -26,8 +27,6 @@ __all__ = [
     "apply_rope_and_store_ref",
     "apply_rope_ref",
     "cpu_linear",
-    "LARGE_BATCH_BLOCK",
-    "LARGE_BATCH_STAGES",
     "decode_attention",
     "decode_attention_ref",
     "decode_splits",
@@ -41,8 +40,6 @@ __all__ = [
     "linear",
     "linear_silu_and_mul",
     "linear_silu_and_mul_ref",
-    "merge_pieces",
-    "merge_pieces_ref",
     "rmsnorm",
     "rmsnorm_ref",
     "silu_and_mul",

@@ -14,9 +14,8 @@ kernel ends, ready for the next layer and for CUDA graph replays.
 Keys are read through the page table (`page_table[row, position]` is a slot of the flat
 `[slots, kv_heads, head_dim]` cache), so any page size works and no page list is built.
 
-The FlashInfer backend gives it every decode batch at head_dim 128 and below: from five requests at the
-tile `LARGE_BATCH_BLOCK`/`LARGE_BATCH_STAGES`, one split a request from 56 and the requests listed longest
-first up to 159 (`order`), where it read the keys faster than FlashInfer's decode and its merge.
+The Triton-decode attention backend (`minisgl.attention.triton_decode_backend`) gives it every
+decode batch at head_dim 128 and below.
 """
 
 from __future__ import annotations
@@ -30,21 +29,22 @@ import torch
 from .rope import PendingRope, apply_rope_and_store, apply_rope_and_store_ref
 from .util import next_pow2, use_triton
 
-# Both measured on an H200 (Qwen3-0.6B heads, 1-16 requests): 64 keys a step beat 16 and 32, and two
-# programs per SM beat one at 4,096 keys (12.7 against 14.7 us a layer) and four at the 1-4 requests it serves
-DECODE_BLOCK = 64  # keys per inner step of a program
-DECODE_STAGES = 3  # Triton's default software-pipelining depth on this card
-DECODE_PROGRAMS_PER_SM = 2
-# The tile for 64-256 requests at the offline workload's lengths (100-1,500 keys, two splits a request),
-# the best of 18 (32-128 keys a step, 4 or 8 warps, 2-4 stages) on an H200 at every batch size:
-# 114.7 against 117.6 us a layer at 128 requests, 210.5 against 212.2 at 256
-# (`tools/gpu_probes/decode_triton_sweep.py`)
-LARGE_BATCH_BLOCK = 128
-LARGE_BATCH_STAGES = 2
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    """A program's inner loop: `block` keys a step, `stages` steps of software pipelining."""
+
+    block: int
+    stages: int
+
+
+SMALL_TILE = DecodeTile(block=64, stages=3)  # a few requests: many splits, short programs
+LARGE_TILE = DecodeTile(block=128, stages=2)  # many requests: one or two long splits each
+DECODE_PROGRAMS_PER_SM = 2  # the small tile's split count aims at this many programs per SM
 _MAX_SPLITS = 64
-# Programs start in grid order, first axis fastest. With the KV heads first, the programs that read one
-# request's split for each of its KV heads run side by side, and between them read every slot's keys
-# (all heads, one contiguous row of the cache) at once, instead of one head's 256 bytes of it at a time.
+# programs start in grid order, first axis fastest: with the KV heads first, the programs reading one
+# request's split for each KV head run side by side and read whole rows of the cache at once
 HEADS_FIRST = True
 
 try:
@@ -141,25 +141,6 @@ try:
             tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
             tl.atomic_xchg(count_ptr + e * HKV + h, 0)  # ready for the next launch
 
-    @triton.jit
-    def _merge_pieces_kernel(o_ptr, lse_ptr, start_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr):
-        # program (request r, query head h): the pieces part_start[r] .. part_start[r + 1] - 1
-        r = tl.program_id(0)
-        h = tl.program_id(1)
-        first = tl.load(start_ptr + r)
-        end = tl.load(start_ptr + r + 1)
-        d = tl.arange(0, D)
-        m = tl.load(lse_ptr + first * H + h)
-        for p in range(first + 1, end):
-            m = tl.maximum(m, tl.load(lse_ptr + p * H + h))
-        acc = tl.zeros([D], dtype=tl.float32)
-        total = tl.zeros([D], dtype=tl.float32)  # the same sum in every lane: no scalar changes type in the loop
-        for p in range(first, end):
-            w = tl.exp2(tl.load(lse_ptr + p * H + h) - m)
-            acc += w * tl.load(o_ptr + (p * H + h) * D + d).to(tl.float32)
-            total += w
-        tl.store(out_ptr + (r * H + h) * D + d, (acc / total).to(out_ptr.dtype.element_ty))
-
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -221,12 +202,11 @@ def _rope_fits(q: torch.Tensor, rope: PendingRope) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-                     scratch: DecodeScratch, splits: int, block: int = DECODE_BLOCK, stages: int = DECODE_STAGES,
+                     scratch: DecodeScratch, splits: int, tile: DecodeTile = SMALL_TILE,
                      heads_first: bool = HEADS_FIRST, rope: Optional[PendingRope] = None, order: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
     `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
-    request's keys are cut into `splits` near-equal splits; `block` keys per inner step, `stages`
-    of software pipelining (the tile: `DECODE_BLOCK`/`DECODE_STAGES`, or `LARGE_BATCH_*` for many requests).
+    request's keys are cut into `splits` near-equal splits, each read `tile.block` keys at a time.
 
     `order` (int32 `[bs]` on the device, a permutation): entry i of `rows` and `kv_lens` belongs to
     request `order[i]` (its query row, output row and, with `rope`, its new key), and programs start in
@@ -260,39 +240,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, page_table, rows, kv_lens, order if order is not None else rows, scratch.part, scratch.ml, scratch.count, out,
         q.stride(0), page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
         r.k, r.v, r.k.stride(0), r.v.stride(0), r.positions, r.out_loc, r.cos, r.sin, r.cos.stride(0), qw, kw, eps,
-        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=block, HEADS_FIRST=heads_first,
-        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=4, num_stages=stages,
+        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=tile.block, HEADS_FIRST=heads_first,
+        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=4, num_stages=tile.stages,
     )
-    return out
-
-
-# ---- pieces of a request's keys, merged ------------------------------------------------------------
-def merge_pieces_ref(o: torch.Tensor, lse: torch.Tensor, part_start: torch.Tensor) -> torch.Tensor:
-    """Attention over all of a request's keys from attention over consecutive pieces of them.
-
-    o `[pieces, heads, d]`: each piece's softmax-weighted values; lse `[pieces, heads]` float32: the
-    base-2 log of each piece's sum of exponentiated scores (FlashInfer's `return_lse`); part_start
-    `[bs + 1]` int32: request r's pieces are rows `part_start[r] : part_start[r + 1]` (at least one).
-    Rows after `part_start[-1]` are ignored. Returns `[bs, heads, d]` in o's dtype."""
-    starts = part_start.long()
-    counts = starts[1:] - starts[:-1]
-    bs, n = len(counts), int(starts[-1])
-    owner = torch.repeat_interleave(torch.arange(bs, device=o.device), counts, output_size=n)
-    lse = lse[:n].float()
-    top = torch.full((bs, lse.shape[1]), float("-inf"), device=o.device).scatter_reduce(0, owner[:, None].expand_as(lse), lse, "amax")
-    w = torch.exp2(lse - top[owner])  # each piece's share, up to the common factor 2 ** top
-    num = torch.zeros(bs, *o.shape[1:], device=o.device).index_add_(0, owner, w[..., None] * o[:n].float())
-    den = torch.zeros(bs, lse.shape[1], device=o.device).index_add_(0, owner, w)
-    return (num / den[..., None]).to(o.dtype)
-
-
-def merge_pieces(o: torch.Tensor, lse: torch.Tensor, part_start: torch.Tensor) -> torch.Tensor:
-    """`merge_pieces_ref` in one launch (a program per request and query head); part_start on o's device."""
-    if not use_triton(o):
-        return merge_pieces_ref(o, lse, part_start)
-    _, h, d = o.shape
-    assert o.is_contiguous() and lse.is_contiguous() and lse.dtype == torch.float32 and d == next_pow2(d)
-    bs = part_start.numel() - 1
-    out = torch.empty(bs, h, d, dtype=o.dtype, device=o.device)
-    _merge_pieces_kernel[(bs, h)](o, lse, part_start, out, H=h, D=d, num_warps=1)
     return out

@@ -9,7 +9,7 @@ The loader reads `shard_spec()` to cut checkpoint tensors; the layer itself only
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
@@ -18,10 +18,8 @@ from minisgl.distributed.comm import all_reduce
 from minisgl.distributed.info import get_tp_info
 from minisgl.utils import div_ceil
 
+from .activation import silu_and_mul
 from .base import BaseOP, empty_weight
-
-if TYPE_CHECKING:
-    from .norm import RMSNorm
 
 
 class _Linear(BaseOP):
@@ -35,14 +33,6 @@ class _Linear(BaseOP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernel.linear(x, self.weight, self._bias())  # F.linear, or a GEMV kernel for few rows
-
-    def forward_normed(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm, silu_mul: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-        """This projection of `norm(x + residual)`, and `x + residual` (the next residual). Where
-        the GEMV kernel runs, the add and the norm run inside it: two launches fewer per layer."""
-        if not kernel.gemv_applies(x, self.weight) or (residual is not None and not residual.is_contiguous()):
-            h, residual = norm.forward_residual(x, residual)
-            return (kernel.linear_silu_and_mul(h, self.weight) if silu_mul else self(h)), residual
-        return kernel.gemv_normed(x, kernel.PreNorm(norm.weight, norm.eps, residual), self.weight, self._bias(), silu_mul)
 
 
 class LinearReplicated(_Linear):
@@ -61,17 +51,12 @@ class LinearColParallelMerged(_Linear):
         super().__init__(sum(self.local_sizes), in_features, bias, dtype, device)
 
     def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """`silu(x @ gate.T) * (x @ up.T)` for a gate|up pair: for few rows one kernel does both."""
-        self._check_gate_up()
-        return kernel.linear_silu_and_mul(x, self.weight)
-
-    def forward_normed_silu_and_mul(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm) -> Tuple[torch.Tensor, torch.Tensor]:
-        """`forward_silu_and_mul(norm(x + residual))` and `x + residual`, as `forward_normed`."""
-        self._check_gate_up()
-        return self.forward_normed(x, residual, norm, silu_mul=True)
-
-    def _check_gate_up(self) -> None:
+        """`silu(x @ gate.T) * (x @ up.T)` for a gate|up pair: the projection and the activation as one
+        op (on CUDA, for few rows, one kernel does both)."""
         assert len(self.local_sizes) == 2 and self.local_sizes[0] == self.local_sizes[1] and self._bias() is None
+        if x.is_cuda:
+            return kernel.linear_silu_and_mul(x, self.weight)
+        return silu_and_mul(self(x))
 
 
 class LinearQKVMerged(_Linear):

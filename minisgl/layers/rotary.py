@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from minisgl.kernel import PendingRope, apply_rope, apply_rope_and_store, store_kv
+from minisgl.kernel.rope import apply_rope
 
 from .base import BaseOP
 from .norm import RMSNorm
@@ -67,42 +67,31 @@ class RotaryEmbedding(BaseOP):
         pos = torch.arange(max_position, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        self._cos = (emb.cos() * attn_factor).to(device)  # [max_position, head_dim], float32
-        self._sin = (emb.sin() * attn_factor).to(device)
+        self.cos = (emb.cos() * attn_factor).to(device)  # [max_position, head_dim], float32
+        self.sin = (emb.sin() * attn_factor).to(device)
 
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
         a, b = x.chunk(2, dim=-1)
         return torch.cat([-b, a], dim=-1)
 
-    @staticmethod
-    def _kernel_norm(qk_norm: Optional[Tuple[RMSNorm, RMSNorm]]) -> Optional[Tuple[torch.Tensor, torch.Tensor, float]]:
-        return None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim]. `qk_norm`: the
-        (q_norm, k_norm) pair of a model that normalises each head first (Qwen3)."""
-        if q.is_cuda:  # norms and rotation in one fused kernel (minisgl.kernel)
-            return apply_rope(positions, q, k, self._cos, self._sin, self._kernel_norm(qk_norm))
-        if qk_norm is not None:
-            q, k = qk_norm[0].forward(q), qk_norm[1].forward(k)
-        cos = self._cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self._sin[positions].unsqueeze(1).to(q.dtype)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim], each rotated by its position."""
+        if q.is_cuda:  # the same arithmetic in one fused kernel (minisgl.kernel)
+            return apply_rope(positions, q, k, self.cos, self.sin)
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
 
-    def forward_and_store(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
-        qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None,
-    ) -> torch.Tensor:
-        """`forward`, then the rotated k and v written to slots `out_loc` of the caches; returns
-        the rotated q. On CUDA one kernel does the norms, the rotation and the store."""
-        if q.is_cuda:
-            return apply_rope_and_store(positions, q, k, v, self._cos, self._sin, k_cache, v_cache, out_loc, self._kernel_norm(qk_norm))
-        q, k = self.forward(positions, q, k, qk_norm)
-        store_kv(k, v, k_cache, v_cache, out_loc)
-        return q
 
-    def pending(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[RMSNorm, RMSNorm]] = None) -> PendingRope:
-        """What a decode kernel needs to apply the norms and this rotation to q and k itself and store
-        k and v at `out_loc` (see `BaseAttnBackend.forward_rotating`)."""
-        return PendingRope(positions, k, v, out_loc, self._cos, self._sin, self._kernel_norm(qk_norm))
+class QKNormRope:
+    """What attention does to q and k before it attends: Qwen3's per-head RMSNorm (when the model has
+    one), then RoPE. The layer hands this to its attention backend, whose plain sequence calls it."""
+
+    def __init__(self, rotary: RotaryEmbedding, q_norm: Optional[RMSNorm] = None, k_norm: Optional[RMSNorm] = None):
+        self.rotary, self.q_norm, self.k_norm = rotary, q_norm, k_norm
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self.rotary(positions, q, k)

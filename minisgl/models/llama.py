@@ -15,7 +15,7 @@ from minisgl.layers.base import BaseOP, OPList
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
 from .config import ModelConfig
 
@@ -23,40 +23,25 @@ from .config import ModelConfig
 class Attention(BaseOP):
     def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool, dtype, device):
         self.layer_id = layer_id
-        self.qkv_proj = LinearQKVMerged(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.attention_bias, dtype=dtype, device=device)
+        self.qkv_proj = LinearQKVMerged(
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.attention_bias, dtype=dtype, device=device
+        )
         self.o_proj = LinearRowParallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, dtype=dtype, device=device)
         if qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
-        self._rotary = rotary
-        self._qk_norm = qk_norm
+        self._qk = QKNormRope(rotary, getattr(self, "q_norm", None), getattr(self, "k_norm", None))
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Attention over `norm(x + residual)`; returns the output and `x + residual`."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = get_global_ctx()
         p, d = self.qkv_proj, self.qkv_proj.head_dim
-        qkv, residual = self.qkv_proj.forward_normed(x, residual, norm)  # the norm inside the projection, for few rows
-        q, k, v = qkv.split([p.num_q_heads * d, p.num_kv_heads * d, p.num_kv_heads * d], dim=-1)
+        q, k, v = self.qkv_proj(x).split([p.num_q_heads * d, p.num_kv_heads * d, p.num_kv_heads * d], dim=-1)
         q = q.view(-1, p.num_q_heads, d)  # [tokens, heads, head_dim]
         k = k.view(-1, p.num_kv_heads, d)
         v = v.view(-1, p.num_kv_heads, d)
-        norm = (self.q_norm, self.k_norm) if self._qk_norm else None
-        # v stays a strided view of the projection: the KV store reads it in place. A decode batch's
-        # attention kernel may apply the norms and RoPE and store k and v itself (one launch a layer fewer)
-        o = ctx.attn_backend.forward_rotating(q, self._rotary.pending(ctx.batch.positions, k, v, ctx.batch.out_loc, norm), self.layer_id, ctx.batch)
-        if o is None:
-            o = self._rotate_then_attend(q, k, v, norm)
-        return self.o_proj(o.reshape(len(x), -1)), residual
-
-    def _rotate_then_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: Optional[Tuple[RMSNorm, RMSNorm]]) -> torch.Tensor:
-        ctx = get_global_ctx()
-        dest = ctx.attn_backend.kv_destination(self.layer_id)
-        if dest is None:
-            q, k = self._rotary(ctx.batch.positions, q, k, norm)
-            return ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        # the backend lets RoPE write k and v into the pool: one kernel for both
-        q = self._rotary.forward_and_store(ctx.batch.positions, q, k, v, *dest, ctx.batch.out_loc, norm)
-        return ctx.attn_backend.forward(q, None, None, self.layer_id, ctx.batch)
+        # the backend applies the qk-norm and RoPE (`self._qk`), stores k and v in the pool, and attends
+        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch, self._qk)
+        return self.o_proj(o.reshape(len(x), -1))
 
 
 class MLP(BaseOP):
@@ -65,12 +50,8 @@ class MLP(BaseOP):
         self.down_proj = LinearRowParallel(cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # silu(x @ gate.T) * (x @ up.T), then down
         return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x))
-
-    def forward_normed(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm) -> Tuple[torch.Tensor, torch.Tensor]:
-        """`forward(norm(x + residual))` and `x + residual`; the norm runs inside gate/up for few rows."""
-        h, residual = self.gate_up_proj.forward_normed_silu_and_mul(x, residual, norm)
-        return self.down_proj(h), residual
 
 
 class DecoderLayer(BaseOP):
@@ -81,9 +62,11 @@ class DecoderLayer(BaseOP):
         self.mlp = mlp if mlp is not None else MLP(cfg, dtype, device)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        # pre-norm: each block reads norm(x + residual); the sum is the residual stream
-        h, residual = self.self_attn(x, residual, self.input_layernorm)
-        return self.mlp.forward_normed(h, residual, self.post_attention_layernorm)
+        # pre-norm: each block reads norm(x + residual), and x + residual is the new residual stream
+        h, residual = self.input_layernorm.forward_residual(x, residual)
+        h = self.self_attn(h)
+        h, residual = self.post_attention_layernorm.forward_residual(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(BaseOP):

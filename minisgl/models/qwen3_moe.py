@@ -14,7 +14,6 @@ import torch
 
 from minisgl.layers.base import BaseOP
 from minisgl.layers.linear import LinearReplicated
-from minisgl.layers.norm import RMSNorm
 from minisgl.moe import FusedMoE, select_experts
 
 from .config import ModelConfig
@@ -33,11 +32,6 @@ class SparseMoeBlock(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self._top_k, self._renormalize)  # [tokens, top_k]
         return self.experts(x, weights, ids)
-
-    def forward_normed(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm: RMSNorm) -> Tuple[torch.Tensor, torch.Tensor]:
-        """`forward(norm(x + residual))` and `x + residual` (the norm stays its own kernel here)."""
-        h, residual = norm.forward_residual(x, residual)
-        return self(h), residual
 
 
 def is_sparse_layer(cfg: ModelConfig, layer_id: int) -> bool:

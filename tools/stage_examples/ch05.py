@@ -17,7 +17,7 @@ req = Req(torch.arange(n, dtype=torch.int32), 0, 0, 0, SamplingParams(max_tokens
 batch = Batch([req], "prefill", out_loc=page_table[0, :n].long())
 backend.prepare_metadata(batch)
 q, k, v = torch.randn(n, heads, dim), torch.randn(n, kv_heads, dim), torch.randn(n, kv_heads, dim)
-out = backend.forward(q, k, v, 0, batch)
+out = backend.attend(q, k, v, 0, batch)
 ref = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True)
 assert torch.allclose(out, ref.transpose(0, 1), atol=1e-6)
 print("max abs diff", float((out - ref.transpose(0, 1)).abs().max()))
