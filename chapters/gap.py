@@ -12,7 +12,171 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# ---- the map: each mark of minisgl's checked against the engine -----------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+MARKS = ("yes", "partly", "no")
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One row of the map. minisgl's mark is backed by evidence: every probe in `has` must find its
+    piece in the engine, and no entry of `lacks` may be found: a probe there must find nothing, a
+    plain word must appear in none of the package's source files.
+    A probe is "sym:module:Name.attr" (importable), "field:module:Class.name" (a dataclass or
+    pydantic field), "flag:--name" (an option of `python -m minisgl`), "route:/path" (a route of
+    the API server) or "src:module:Name.attr:text" (that object's source contains `text`)."""
+
+    name: str
+    minisgl: str
+    sglang: str
+    vllm: str
+    has: Tuple[str, ...] = ()
+    # probes that must find nothing, or identifiers no source file contains (specific names such as
+    # `compile_regex` or `"mixed"`, not ordinary words a comment could use for something else)
+    lacks: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert {self.minisgl, self.sglang, self.vllm} <= set(MARKS), self
+        assert (self.minisgl == "no") == (not self.has), f"{self.name}: a 'no' has no evidence, anything else needs some"
+        assert (self.minisgl == "yes") == (not self.lacks), f"{self.name}: 'partly' and 'no' name what is missing"
+
+
+FEATURES = (
+    Feature("paged KV, continuous batching", "yes", "yes", "yes",
+            has=("sym:minisgl.scheduler.cache:CacheManager.pages_to_finish", "sym:minisgl.scheduler.decode:DecodeManager", "flag:--page-size")),
+    Feature("prefix cache (radix tree)", "yes", "yes", "yes", has=("sym:minisgl.kvcache.radix_cache:RadixPrefixCache", "flag:--prefix-cache")),
+    Feature("chunked prefill", "yes", "yes", "yes", has=("sym:minisgl.scheduler.prefill:PrefillAdder.continue_chunk", "flag:--max-extend-tokens")),
+    Feature("overlap of host and device", "yes", "yes", "yes", has=("field:minisgl.scheduler:SchedulerConfig.overlap", "flag:--disable-overlap")),
+    Feature("CUDA graphs, tensor parallelism", "yes", "yes", "yes",
+            has=("sym:minisgl.engine.graph:GraphRunner", "flag:--cuda-graph", "sym:minisgl.distributed.split:check_tp_split", "flag:--tp-size")),
+    Feature("mixed prefill + decode batches", "no", "yes", "yes", lacks=("mixed_chunk", "mixed_batch", '"mixed"')),
+    Feature("optimistic admission, retraction", "no", "yes", "yes", lacks=("retract", "preempt", "new_token_ratio")),
+    Feature("cache-aware scheduling", "yes", "yes", "partly",
+            has=("sym:minisgl.scheduler.prefill:longest_prefix_first", "flag:--schedule-policy")),
+    Feature("speculative decoding", "no", "yes", "yes", lacks=("speculat", "draft_model", "draft_token")),
+    Feature("quantized weights and KV", "no", "yes", "yes", lacks=("quantiz", "fp8", "awq", "gptq")),
+    Feature("structured output", "partly", "yes", "yes",
+            has=("field:minisgl.core:SamplingParams.json_schema", "src:minisgl.engine.grammar:GrammarManager._get_compiler:cache_enabled=True",
+                 "src:minisgl.engine.grammar:GrammarManager.fill:batch_fill_next_token_bitmask"),
+            lacks=("compile_regex", "compile_grammar", "ebnf")),
+    Feature("n > 1, penalties, logprobs", "yes", "yes", "yes",
+            has=("field:minisgl.server.protocol:_Common.n", "sym:minisgl.server.choices:Choice", "field:minisgl.core:SamplingParams.frequency_penalty",
+                 "field:minisgl.core:SamplingParams.logprobs")),
+    Feature("LoRA adapters", "no", "yes", "yes", lacks=("lora",)),
+    Feature("prefill/decode disaggregation", "no", "yes", "yes", lacks=("disagg",)),
+    Feature("DP attention, expert parallelism", "no", "yes", "yes", lacks=("dp_attention", "expert_parallel", "all_to_all")),
+    Feature("hierarchical / offloaded KV", "no", "yes", "yes", lacks=("hicache", "offload_kv", "host_kv_pool")),
+    Feature("metrics and operations", "partly", "yes", "yes",
+            has=("route:/metrics", "route:/health", "sym:minisgl.server.drain:DrainingServer", "flag:--drain-timeout"),
+            lacks=("field:minisgl.core:SamplingParams.priority", "field:minisgl.server.protocol:_Common.priority", "update_weight")),
+)
+
+
+def _resolve(target: str):
+    import importlib
+
+    module, _, qual = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def probe(p: str) -> bool:
+    """Whether the engine has what probe `p` names (see `Feature`)."""
+    import dataclasses
+    import inspect
+
+    kind, _, what = p.partition(":")
+    if kind == "sym":
+        try:
+            _resolve(what)
+        except (ImportError, AttributeError):
+            return False
+        return True
+    if kind == "field":
+        owner, _, name = what.rpartition(".")
+        try:
+            cls = _resolve(owner)
+        except (ImportError, AttributeError):
+            return False
+        if dataclasses.is_dataclass(cls):
+            return name in {f.name for f in dataclasses.fields(cls)}
+        return name in getattr(cls, "model_fields", {})
+    if kind == "flag":
+        from minisgl.server.args import build_parser
+
+        return any(what in a.option_strings for a in build_parser()._actions)
+    if kind == "route":
+        from minisgl.server.api import create_app
+        from minisgl.server.args import ServerArgs
+
+        app = create_app(ServerArgs.from_options(model_path=str(REPO / "models" / "tiny-llama")), None)
+        return what in {getattr(r, "path", None) for r in app.routes}
+    if kind == "src":
+        target, _, text = what.rpartition(":")
+        try:
+            return text in inspect.getsource(_resolve(target))
+        except (ImportError, AttributeError):
+            return False
+    raise ValueError(f"unknown probe kind {kind!r} in {p!r}: use sym, field, flag, route or src")
+
+
+def package_sources() -> Dict[str, str]:
+    """Relative path -> text of every Python file of the `minisgl` package this process imports."""
+    import minisgl
+
+    root = Path(minisgl.__file__).resolve().parent
+    return {str(f.relative_to(root.parent)): f.read_text() for f in sorted(root.rglob("*.py"))}
+
+
+def mentions(word: str) -> List[str]:
+    """The package's source files that contain `word` (case-insensitive)."""
+    return [path for path, text in package_sources().items() if word.lower() in text.lower()]
+
+
+def disagreements(features: Sequence[Feature] = FEATURES) -> List[str]:
+    """Every mark of minisgl's that the engine contradicts: a piece `has` names that is missing,
+    or an entry of `lacks` that is found. Empty when the map is true."""
+    out = []
+    for f in features:
+        out += [f"{f.name}: marked {f.minisgl!r}, but {p} is not in the engine" for p in f.has if not probe(p)]
+        for w in f.lacks:
+            if _is_probe(w) and probe(w):
+                out.append(f"{f.name}: marked {f.minisgl!r}, but {w} is in the engine")
+            elif not _is_probe(w) and mentions(w):
+                out.append(f"{f.name}: marked {f.minisgl!r}, but {w!r} appears in {', '.join(mentions(w))}")
+    return out
+
+
+def _is_probe(entry: str) -> bool:
+    return entry.split(":", 1)[0] in ("sym", "field", "flag", "route", "src")
+
+
+def evidence_table(features: Sequence[Feature] = FEATURES) -> str:
+    """The map as text: minisgl's mark, what in the engine backs it, and which words its source lacks."""
+    from figures import table
+
+    def short(p: str) -> str:
+        if not _is_probe(p):
+            return p
+        if p.startswith("src:"):
+            return p.rsplit(":", 1)[1]
+        return p.split(":")[-1]
+
+    return table([dict(feature=f.name, minisgl=f.minisgl, found_in_the_engine=", ".join(map(short, f.has)) or "-",
+                       not_found=", ".join(map(short, f.lacks)) or "-") for f in features])
+
+
+def package_size() -> Tuple[int, int]:
+    """(Python files, lines) of the `minisgl` package this process imports."""
+    sources = package_sources()
+    return len(sources), sum(len(t.splitlines()) for t in sources.values())
+
 
 # ---- workloads ------------------------------------------------------------------------------
 
@@ -62,18 +226,6 @@ class SimResult:
     @property
     def retractions(self) -> int:
         return sum(len(s.retracted) for s in self.steps)
-
-    def decode_seconds(self, tpot_ms: Dict[int, float]) -> float:
-        """Decode time if each step took the measured time per token at its batch size
-        (linear between the measured sizes); prefill is left out."""
-        sizes = sorted(tpot_ms)
-        total = 0.0
-        for b in self.decode_sizes:
-            lo = max([s for s in sizes if s <= b], default=sizes[0])
-            hi = min([s for s in sizes if s >= b], default=sizes[-1])
-            t = tpot_ms[lo] if hi == lo else tpot_ms[lo] + (tpot_ms[hi] - tpot_ms[lo]) * (b - lo) / (hi - lo)
-            total += t / 1e3
-        return total
 
 
 @dataclass
@@ -149,23 +301,6 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
             l.done += 1
             finish_if_done(l)
     return SimResult(steps, recomputed, sum(r.output for r in reqs))
-
-
-def measured_tpot_ms(path: str = "minisgl/benchmark/RESULTS.md") -> Dict[int, float]:
-    """Batch size -> time per output token with CUDA graphs, from the committed GPU results
-    (the "Time per output token" table); empty when nothing was measured."""
-    from pathlib import Path
-
-    file = Path(__file__).resolve().parents[1] / path
-    text = file.read_text() if file.is_file() else ""
-    table: Dict[int, float] = {}
-    for section in text.split("\n## ")[1:]:
-        if section.startswith("Time per output token"):
-            for line in section.splitlines():
-                cells = [c.strip() for c in line.strip().strip("|").split("|")]
-                if len(cells) >= 2 and cells[0].isdigit() and cells[1].endswith("ms"):
-                    table[int(cells[0])] = float(cells[1].split()[0])
-    return table
 
 
 def engine_steps(trace) -> List[SimStep]:
