@@ -6,6 +6,9 @@ runs the model, moves each request's ledger on (`complete_one`) and returns samp
 
 from __future__ import annotations
 
+import sys
+import time
+
 import torch
 
 from minisgl.attention import create_attention_backend
@@ -19,6 +22,7 @@ from minisgl.utils.logger import get_logger
 
 from .config import EngineConfig
 from .sample import Sampler, SamplerOutput, SamplingPlan
+from .warmup import warm_up
 
 logger = get_logger(__name__)
 
@@ -60,10 +64,19 @@ class Engine:
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.model_config.vocab_size)
         self.graph_runner = None
+        if self.device.type == "cuda":  # compile and capture now, not on the first requests
+            self._prepare_gpu()
+
+    def _prepare_gpu(self) -> None:
+        start = time.perf_counter()
+        print("minisgl: compiling GPU kernels and capturing CUDA graphs (up to a minute or two on a fresh machine)",
+              file=sys.stderr, flush=True)
         if self.wants_cuda_graph():
             from .graph import GraphRunner  # here: graph.py arrives with chapter 18 (wants_cuda_graph)
 
-            self.graph_runner = GraphRunner(self, config.cuda_graph_max_bs)
+            self.graph_runner = GraphRunner(self, self.config.cuda_graph_max_bs)
+        warm_up(self)
+        print(f"minisgl: GPU ready in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
     def _num_pages(self, kv_heads: int, head_dim: int) -> int:
         cfg = self.config

@@ -9,7 +9,7 @@ tests compare the kernels against. The fallbacks compute exactly what the layers
 from .activation import silu_and_mul, silu_and_mul_ref
 from .cpu_gemm import cpu_linear
 from .decode import DecodeScratch, DecodeTile, decode_attention, decode_attention_ref, decode_splits
-from .gemv import GEMV_MAX_ROWS, PreNorm, gemv, gemv_applies, gemv_normed, linear, linear_silu_and_mul, linear_silu_and_mul_ref
+from .gemv import GEMV_MAX_ROWS, gemv, gemv_applies, linear, linear_silu_and_mul, linear_silu_and_mul_ref
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from .rope import PendingRope, apply_rope, apply_rope_and_store, apply_rope_and_store_ref, apply_rope_ref
@@ -21,7 +21,6 @@ __all__ = [
     "DecodeTile",
     "GEMV_MAX_ROWS",
     "PendingRope",
-    "PreNorm",
     "apply_rope",
     "apply_rope_and_store",
     "apply_rope_and_store_ref",
@@ -36,7 +35,6 @@ __all__ = [
     "gather_page_indices_ref",
     "gemv",
     "gemv_applies",
-    "gemv_normed",
     "linear",
     "linear_silu_and_mul",
     "linear_silu_and_mul_ref",

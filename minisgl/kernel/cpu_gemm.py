@@ -1,11 +1,10 @@
 """Float32 projections on the CPU through oneDNN, with each weight reordered once.
 
 `F.linear` on the CPU goes to MKL's GEMM, which on the small row counts of decoding runs far below
-the machine's rate (on a 2-core AVX2 host, 32 rows x 576 -> 49,152 features: 34-40 ms, about 50
-GFLOP/s). oneDNN's GEMM takes the weight already in its own blocked layout: the engine reorders
-each weight once and keeps the copy on the weight tensor, tagged with the tensor's version counter,
-so a weight loaded or edited in place is reordered again. The same LM head then takes 17 ms, and a
-32-request decode step of SmolLM2-135M 0.165 s instead of 0.230 s (RESULTS.md). The price is a
+the machine's rate. oneDNN's GEMM takes the weight already in its own blocked layout: the engine
+reorders each weight once and keeps the copy on the weight tensor, tagged with the tensor's version
+counter, so a weight loaded or edited in place is reordered again. A decode step then runs about a
+quarter faster (measured: minisgl/benchmark/RESULTS.md). The price is a
 second copy of every projection's weight in host memory; `MINISGL_DISABLE_ONEDNN=1` goes back to
 `F.linear`.
 """

@@ -1,9 +1,9 @@
 """Decode attention for a few requests, and for many: one kernel that splits each request's keys and
 merges the pieces itself.
 
-At batch 1 a decode step's attention is tiny (Qwen3-0.6B, 576 keys: 2.4 MB of K and V per layer,
-half a microsecond at the copy rate) but FlashInfer's paged decode kernel plus its split-KV merge
-kernel took about 10 us a layer on an H200: two launches, each bound by latency. Here the grid is
+At batch 1 a decode step's attention reads a few megabytes a layer, less than a microsecond at the
+card's copy rate, yet a paged decode kernel plus a split-KV merge kernel is two launches, each bound
+by latency rather than by reading. Here the grid is
 (KV head, entry, split), an entry being a request's row and key count: every program reads one slice
 of a request's keys for one KV head (and all the query heads that share it, GQA), and writes its
 partial result (running max, sum of exponentials, weighted values) to a scratch buffer. The program
@@ -54,48 +54,27 @@ try:
     from .rope import norm_rope
 
     @triton.jit
-    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, order_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
-                       q_stride, table_stride, k_stride, v_stride, sm_scale,
-                       kn_ptr, vn_ptr, kn_stride, vn_stride, pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps,
-                       HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
-                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr,
-                       ORDERED: tl.constexpr):
-        if HEADS_FIRST:  # grid (KV head, entry, split): a slot's heads are read by neighbouring programs
-            h = tl.program_id(0)
-            e = tl.program_id(1)
-        else:  # grid (entry, KV head, split)
-            e = tl.program_id(0)
-            h = tl.program_id(1)
-        s = tl.program_id(2)
-        # entry e of rows and lens is request b's: its query, new key and output are at b; the scratch
-        # and counter are the entry's (any one place per request does)
-        b = tl.load(order_ptr + e) if ORDERED else e
-        row = tl.load(rows_ptr + e).to(tl.int64)
-        n = tl.load(lens_ptr + e)
-        chunk = tl.cdiv(tl.cdiv(n, SPLITS), BT) * BT  # whole inner steps per split
-        nsplit = tl.cdiv(n, chunk)  # at most SPLITS: a short request's last splits have no keys and do nothing
-        if s >= nsplit:
-            return
-        start = s * chunk
-        end = tl.minimum(start + chunk, n)
-        g = tl.arange(0, GP)
-        d = tl.arange(0, D)
-        g_ok = g < G
-        q_at = q_ptr + b * q_stride + (h * G + g[:, None]) * D  # query heads h*G .. h*G+G-1 of request b
-        if ROPE:  # q and this step's k arrive unrotated: the norms and RoPE here, and the split holding
-            # the new key writes it and its value to their slot before reading its keys
-            pos = tl.load(pos_ptr + b).to(tl.int64)
-            c = tl.load(cos_ptr + pos * cos_stride + d[None, :]).to(k_ptr.dtype.element_ty)
-            sn = tl.load(sin_ptr + pos * cos_stride + d[None, :]).to(k_ptr.dtype.element_ty)
-            q = norm_rope(q_at, qw_ptr, d[None, :], g_ok[:, None], c, sn, eps, D // 2, NORM)
-            if s == nsplit - 1:
-                slot_new = tl.load(loc_ptr + b).to(tl.int64)
-                k_new = norm_rope(kn_ptr + b * kn_stride + h * D, kw_ptr, d[None, :], d[None, :] < D, c, sn, eps, D // 2, NORM)
-                tl.store(k_ptr + slot_new * k_stride + h * D + d[None, :], k_new)
-                tl.store(v_ptr + slot_new * v_stride + h * D + d, tl.load(vn_ptr + b * vn_stride + h * D + d))
-                tl.debug_barrier()  # the whole program sees the new key before the loop reads it back
-        else:
-            q = tl.load(q_at + d[None, :], mask=g_ok[:, None], other=0.0)
+    def _rotate_and_store(q_at, g_ok, b, h, d, k_ptr, v_ptr, k_stride, v_stride, kn_ptr, vn_ptr, kn_stride, vn_stride,
+                          pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps, store,
+                          D: tl.constexpr, NORM: tl.constexpr):
+        """Request b's query heads `q_at` normalised and rotated; with `store` (true for the split that holds the
+        new key) also this step's key (normalised, rotated) and value written to their slot."""
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        c = tl.load(cos_ptr + pos * cos_stride + d[None, :]).to(k_ptr.dtype.element_ty)
+        sn = tl.load(sin_ptr + pos * cos_stride + d[None, :]).to(k_ptr.dtype.element_ty)
+        q = norm_rope(q_at, qw_ptr, d[None, :], g_ok[:, None], c, sn, eps, D // 2, NORM)
+        if store:
+            slot_new = tl.load(loc_ptr + b).to(tl.int64)
+            k_new = norm_rope(kn_ptr + b * kn_stride + h * D, kw_ptr, d[None, :], d[None, :] < D, c, sn, eps, D // 2, NORM)
+            tl.store(k_ptr + slot_new * k_stride + h * D + d[None, :], k_new)
+            tl.store(v_ptr + slot_new * v_stride + h * D + d, tl.load(vn_ptr + b * vn_stride + h * D + d))
+            tl.debug_barrier()  # the whole program sees the new key before the loop reads it back
+        return q
+
+    @triton.jit
+    def _attend_split(q, k_ptr, v_ptr, table_ptr, row, table_stride, k_stride, v_stride, h, d, start, end, sm_scale,
+                      GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+        """Online softmax of q's heads over keys `start:end` of a request: (running max, sum, weighted values)."""
         m = tl.full([GP], float("-inf"), dtype=tl.float32)
         l = tl.zeros([GP], dtype=tl.float32)
         acc = tl.zeros([GP, D], dtype=tl.float32)
@@ -113,6 +92,59 @@ try:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             l = l * alpha + tl.sum(p, axis=1)
             m = m_new
+        return m, l, acc
+
+    @triton.jit
+    def _merge_splits(part_ptr, ml_ptr, out_ptr, base, nsplit, b, h, d, HKV: tl.constexpr, G: tl.constexpr,
+                      GR: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+        """Request b's output for KV head h from the partials of its `nsplit` splits, all at once."""
+        sp = tl.arange(0, SPLITS)
+        r = tl.arange(0, GR)
+        r_ok = r < G
+        ok = (sp[:, None] < nsplit) & r_ok[None, :]  # [SPLITS, GR]: the splits that ran
+        ml_at = ml_ptr + ((base + sp[:, None]) * GR + r[None, :]) * 2
+        ms = tl.load(ml_at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        ls = tl.load(ml_at + 1, mask=ok, other=0.0, cache_modifier=".cg")
+        parts = tl.load(part_ptr + ((base + sp[:, None, None]) * GR + r[None, :, None]) * D + d[None, None, :],
+                        mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [SPLITS, GR, D]
+        m_all = tl.max(ms, axis=0)  # finite: split 0 holds at least one key
+        w = tl.exp(ms - m_all[None, :])  # a split that did not run weighs exp(-inf) = 0
+        o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
+        head_r = (b * HKV + h) * G + r  # the output is contiguous
+        tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+
+    @triton.jit
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, order_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
+                       q_stride, table_stride, k_stride, v_stride, sm_scale,
+                       kn_ptr, vn_ptr, kn_stride, vn_stride, pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps,
+                       HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
+                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr,
+                       ORDERED: tl.constexpr):
+        if HEADS_FIRST:  # grid (KV head, entry, split): a slot's heads are read by neighbouring programs
+            h, e = tl.program_id(0), tl.program_id(1)
+        else:  # grid (entry, KV head, split)
+            e, h = tl.program_id(0), tl.program_id(1)
+        s = tl.program_id(2)
+        # entry e of rows and lens is request b's: its query, new key and output are at b; the scratch
+        # and counter are the entry's (any one place per request does)
+        b = tl.load(order_ptr + e) if ORDERED else e
+        row = tl.load(rows_ptr + e).to(tl.int64)
+        n = tl.load(lens_ptr + e)
+        chunk = tl.cdiv(tl.cdiv(n, SPLITS), BT) * BT  # whole inner steps per split
+        nsplit = tl.cdiv(n, chunk)  # at most SPLITS: a short request's last splits have no keys and do nothing
+        if s >= nsplit:
+            return
+        g, d = tl.arange(0, GP), tl.arange(0, D)
+        g_ok = g < G
+        q_at = q_ptr + b * q_stride + (h * G + g[:, None]) * D  # query heads h*G .. h*G+G-1 of request b
+        if ROPE:  # q and this step's k arrive unrotated; the split holding the new key stores it first
+            q = _rotate_and_store(q_at, g_ok, b, h, d, k_ptr, v_ptr, k_stride, v_stride, kn_ptr, vn_ptr, kn_stride, vn_stride,
+                                  pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps, s == nsplit - 1, D, NORM)
+        else:
+            q = tl.load(q_at + d[None, :], mask=g_ok[:, None], other=0.0)
+        start = s * chunk
+        m, l, acc = _attend_split(q, k_ptr, v_ptr, table_ptr, row, table_stride, k_stride, v_stride, h, d, start,
+                                  tl.minimum(start + chunk, n), sm_scale, GP, D, BT)
         if nsplit == 1:  # the only split: its result is the output (what the merge would compute, bit for bit)
             head_o = (b * HKV + h) * G + g
             tl.store(out_ptr + head_o[:, None] * D + d[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
@@ -124,21 +156,8 @@ try:
         tl.store(ml_ptr + ((base + s) * GR + g) * 2 + 1, l, mask=g_ok)
         tl.debug_barrier()  # every thread's partials are written before the counter moves
         done = tl.atomic_add(count_ptr + e * HKV + h, 1, sem="acq_rel")
-        if done == nsplit - 1:  # the last program of this (request, KV head) merges, all splits at once
-            sp = tl.arange(0, SPLITS)
-            r = tl.arange(0, GR)
-            r_ok = r < G
-            ok = (sp[:, None] < nsplit) & r_ok[None, :]  # [SPLITS, GR]: the splits that ran
-            ml_at = ml_ptr + ((base + sp[:, None]) * GR + r[None, :]) * 2
-            ms = tl.load(ml_at, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            ls = tl.load(ml_at + 1, mask=ok, other=0.0, cache_modifier=".cg")
-            parts = tl.load(part_ptr + ((base + sp[:, None, None]) * GR + r[None, :, None]) * D + d[None, None, :],
-                            mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [SPLITS, GR, D]
-            m_all = tl.max(ms, axis=0)  # finite: split 0 holds at least one key
-            w = tl.exp(ms - m_all[None, :])  # a split that did not run weighs exp(-inf) = 0
-            o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
-            head_r = (b * HKV + h) * G + r  # the output is contiguous
-            tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+        if done == nsplit - 1:  # the last program of this (request, KV head) merges
+            _merge_splits(part_ptr, ml_ptr, out_ptr, base, nsplit, b, h, d, HKV, G, GR, D, SPLITS)
             tl.atomic_xchg(count_ptr + e * HKV + h, 0)  # ready for the next launch
 
 except ImportError:  # pragma: no cover

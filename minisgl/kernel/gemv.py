@@ -1,12 +1,9 @@
 """Projections of one or two rows (a decode step of 1-2 requests) as a matrix-vector kernel.
 
-For one row, `F.linear` goes to cuBLAS, whose tiles cover 64 output features at a time: a
-1,024-wide projection then runs on 16 of the H200's 132 SMs, and every projection of a
-Qwen3-0.6B layer reads its 4-12 MB of weights at 1-2 TB/s. Here each program owns two output
-features and reads their whole rows of the weight at once, so even a narrow projection spreads
-over hundreds of programs; the 112 projections of a batch-1 step took 479 us against cuBLAS's
-822 us (28 layers, weights not in L2, one H200), and of a batch-2 step 655 against 759 us. From
-three rows on cuBLAS's tensor-core tiles were faster (745-805 us against 1,116).
+For one row, `F.linear` goes to cuBLAS, whose tiles cover 64 output features at a time, so a narrow
+projection runs on a few SMs and reads its weights far below the card's bandwidth. Here each program
+owns two output features and reads their whole rows of the weight at once, so even a narrow
+projection spreads over hundreds of programs. From three rows on, cuBLAS's tensor-core tiles win.
 
 The gate/up projection of the MLP can also finish with `silu(gate) * up`: a program computes
 feature j of the gate and of the up half together and writes only their product, so the
@@ -18,8 +15,7 @@ in a different order: outputs agree with `F.linear` to the dtype's rounding, not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,23 +24,10 @@ from .activation import silu_and_mul
 from .cpu_gemm import cpu_linear
 from .util import next_pow2, use_triton
 
-GEMV_MAX_ROWS = 2  # up to this many rows the matrix-vector kernel beats cuBLAS (H200, bf16)
+GEMV_MAX_ROWS = 2  # up to this many rows the kernel beats cuBLAS (measured: minisgl/benchmark/RESULTS.md)
 _DTYPES = (torch.bfloat16, torch.float16)  # float32 keeps cuBLAS: exact parity is tested there
 _BLOCK_N = 2  # output features per program
-# With the norm inside, every program also reads the residual and the norm's weight: four features
-# a program halve those reads (batch-1 step on an H200: 557 us of projections against 582 with two)
-_BLOCK_N_NORMED = 4
 _MAX_BLOCK_K = 1024  # weight columns per load; a row of K reads in K / 1024 unrolled loads
-
-
-@dataclass
-class PreNorm:
-    """The RMSNorm before a projection, folded into its kernel: the projection's input is
-    `rmsnorm(x + residual) * weight` (no add when `residual` is None, as in the first layer)."""
-
-    weight: torch.Tensor
-    eps: float
-    residual: Optional[torch.Tensor]
 
 
 try:
@@ -52,50 +35,31 @@ try:
     import triton.language as tl
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, nw_ptr, sum_ptr, eps, N, M: tl.constexpr, K: tl.constexpr, MP: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr):
+    def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, M: tl.constexpr, K: tl.constexpr, MP: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):
         # out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]); with SILU_MUL, w is [gate | up] (2N rows)
-        # and out[m, n] = silu(gate[m, n]) * up[m, n]. With NORM the input is rmsnorm(s) * nw for
-        # s = x + res (HAS_RES) or x, and program 0 writes s to sum_ptr. The norm's 1 / rms is a
-        # factor of the whole row, so it scales the finished sums: one pass over K, every load
-        # (weights, x, res, nw) issued together.
+        # and out[m, n] = silu(gate[m, n]) * up[m, n]. One pass over K, every load issued together.
         pid = tl.program_id(0)
         n = pid * BN + tl.arange(0, BN)
         m = tl.arange(0, MP)
         n_ok, m_ok = n < N, m < M
         acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
         acc_up = tl.zeros([MP, BN, BK], dtype=tl.float32)
-        sq = tl.zeros([MP, BK], dtype=tl.float32)
         for k0 in tl.static_range(0, K, BK):  # unrolled: every load is issued before the sums
             k = k0 + tl.arange(0, BK)
             k_ok = k < K
-            x_at, x_ok = m[:, None] * K + k[None, :], m_ok[:, None] & k_ok[None, :]
-            x = tl.load(x_ptr + x_at, mask=x_ok, other=0.0)
+            x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             w_at = w_ptr + n[:, None].to(tl.int64) * K + k[None, :]
             w_ok = n_ok[:, None] & k_ok[None, :]
-            if NORM:
-                if HAS_RES:
-                    x = x + tl.load(res_ptr + x_at, mask=x_ok, other=0.0)  # rounded to the dtype, as the reference's add
-                    if pid == 0:
-                        tl.store(sum_ptr + x_at, x, mask=x_ok)
-                sf = x.to(tl.float32)
-                sq += sf * sf
-                x = sf * tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            x = x.to(tl.float32)
             acc += x[:, None, :] * tl.load(w_at, mask=w_ok, other=0.0).to(tl.float32)[None, :, :]
             if SILU_MUL:
                 acc_up += x[:, None, :] * tl.load(w_at + N * K, mask=w_ok, other=0.0).to(tl.float32)[None, :, :]
         y = tl.sum(acc, axis=2)
-        y_up = tl.sum(acc_up, axis=2)
-        if NORM:
-            inv = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)[:, None]  # [MP, 1]
-            y = y * inv
-            y_up = y_up * inv
         if HAS_BIAS:
             y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if SILU_MUL:  # rounded as silu_and_mul rounds: both halves, then silu, then the product
             g = y.to(out_ptr.dtype.element_ty).to(tl.float32)
-            up = y_up.to(out_ptr.dtype.element_ty)
+            up = tl.sum(acc_up, axis=2).to(out_ptr.dtype.element_ty)
             y = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty) * up
         tl.store(out_ptr + m[:, None] * N + n[None, :], y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -116,39 +80,20 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], silu_mul: bool, norm: Optional[PreNorm]) -> Tuple[torch.Tensor, torch.Tensor]:
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, silu_mul: bool = False) -> torch.Tensor:
+    """The kernel itself, for any dtype Triton takes (`linear` decides when to use it):
+    `x @ weight.T + bias`, or with `silu_mul` `silu(x @ gate.T) * (x @ up.T)` for `weight = [gate; up]`."""
     rows, k = x.shape
     assert weight.shape[1] == k and not (silu_mul and weight.shape[0] % 2), f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    res = norm.residual if norm is not None else None
-    summed = torch.empty_like(x) if res is not None else x
     mp = next_pow2(rows)
-    # the accumulators hold MP x BN x BK floats: keep them near 2,048 per program
-    bk = min(next_pow2(k), _MAX_BLOCK_K // mp)
-    bn = _BLOCK_N_NORMED if norm is not None else _BLOCK_N
-    _gemv_kernel[(triton.cdiv(n, bn),)](
-        x, weight, bias if bias is not None else weight, out,
-        res if res is not None else x, norm.weight if norm is not None else x, summed, norm.eps if norm is not None else 0.0, n,
-        M=rows, K=k, MP=mp, BN=bn, BK=bk, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
-        NORM=norm is not None, HAS_RES=res is not None, num_warps=4,
+    bk = min(next_pow2(k), _MAX_BLOCK_K // mp)  # the accumulators hold MP x BN x BK floats: near 2,048 a program
+    _gemv_kernel[(triton.cdiv(n, _BLOCK_N),)](
+        x, weight, bias if bias is not None else weight, out, n,
+        M=rows, K=k, MP=mp, BN=_BLOCK_N, BK=bk, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, num_warps=4,
     )
-    return out, summed
-
-
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, silu_mul: bool = False) -> torch.Tensor:
-    """The kernel itself, for any dtype Triton takes (`linear` decides when to use it):
-    `x @ weight.T + bias`, or with `silu_mul` `silu(x @ gate.T) * (x @ up.T)` for `weight = [gate; up]`."""
-    return _launch(x, weight, bias, silu_mul, None)[0]
-
-
-def gemv_normed(x: torch.Tensor, norm: PreNorm, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, silu_mul: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """`gemv` of `rmsnorm(x + norm.residual) * norm.weight`, and that sum, the next residual (`x`
-    itself when there is none). The sum is rounded as `fused_add_rmsnorm` rounds it, bit for bit;
-    the normalised row is not rounded to the dtype before the products (the two kernels round it),
-    so outputs agree with norm-then-projection to the dtype's rounding."""
-    assert norm.residual is None or (norm.residual.shape == x.shape and norm.residual.is_contiguous())
-    return _launch(x, weight, bias, silu_mul, norm)
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -26,30 +26,12 @@ from .align import AlignedRows, moe_align_block_size
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr,  # [a_rows, K]: gathered per row as a[row // a_div]
-    b_ptr,  # [experts, N, K]
-    c_ptr,  # [rows, N]
-    weight_ptr,  # [rows] routing weights (read when MUL_WEIGHT)
-    sorted_ids_ptr,
-    expert_ids_ptr,
-    num_padded_ptr,
-    num_rows,
-    N,
-    K,
-    a_div,
-    stride_am,
-    stride_ak,
-    stride_be,
-    stride_bn,
-    stride_bk,
-    stride_cm,
-    stride_cn,
-    MUL_WEIGHT: tl.constexpr,
+    a_ptr, b_ptr, c_ptr, weight_ptr,  # a [a_rows, K] (row r reads a[r // a_div]); b [experts, N, K]; c [rows, N]; weights [rows]
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_rows, N, K, a_div,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    MUL_WEIGHT: tl.constexpr,  # scale each row by its routing weight
     IEEE: tl.constexpr,  # float32 inputs: exact fp32 products instead of TF32
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):

@@ -1,0 +1,48 @@
+"""Compile before serving: a GPU engine's first forward passes compile kernels (FlashInfer's JIT,
+Triton's), which would otherwise land on the first requests' time to first token."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.utils.logger import get_logger
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = get_logger(__name__)
+
+# Triton specialises an integer argument on being 1 and on being a multiple of 16: one prefill of
+# each kind of length compiles every variant a real prompt can need
+WARMUP_PROMPT_LENS = (1, 16, 17)
+
+
+def warm_up(engine: "Engine", prompt_lens: Sequence[int] = WARMUP_PROMPT_LENS) -> float:
+    """Run one eager prefill batch (one request per length in `prompt_lens`) on the page table's
+    dummy row; its KV writes go to the dummy page, which is zeroed again afterwards. Decode kernels
+    are compiled by CUDA-graph capture. Returns the seconds it took."""
+    start = time.perf_counter()
+    dev, dummy_row = engine.device, engine.page_table.shape[0] - 1
+    reqs = [Req(torch.zeros(n, dtype=torch.int32), dummy_row, 0, -1 - i, SamplingParams(max_tokens=1), None)
+            for i, n in enumerate(prompt_lens)]
+    total = sum(prompt_lens)
+    ends = torch.tensor(prompt_lens).cumsum(0)
+    batch = Batch(
+        reqs=reqs,
+        phase="prefill",
+        input_ids=torch.zeros(total, dtype=torch.int32, device=dev),
+        positions=torch.cat([torch.arange(n) for n in prompt_lens]).to(dev),
+        out_loc=torch.full((total,), engine.dummy_page * engine.page_size, dtype=torch.int64, device=dev),
+        last_indices=(ends - 1).to(dev),
+    )
+    engine.attn_backend.prepare_metadata(batch)
+    with engine.ctx.forward_batch(batch):
+        engine.model.forward()
+    engine.kv_cache.zero_page(engine.dummy_page)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - start
