@@ -99,6 +99,15 @@ def post(server: "ServerProcess", body: dict, path: str = "/v1/completions") -> 
     return httpx.post(server.url + path, json=body, timeout=120)
 
 
+def assert_all_free(server: "ServerProcess") -> None:
+    """Once idle, the server holds nothing: every table row and KV page is free (or cached)."""
+    h = server.wait_idle()
+    assert h["idle"] and h["live_requests"] == 0, h
+    assert h["integrity_ok"], h
+    assert h["free_rows"] == h["total_rows"], h
+    assert h["free_pages"] + h["cached_pages"] == h["total_pages"], h
+
+
 def openai_client(server: "ServerProcess"):
     """The `openai` client pointed at a running server; no retries, so a failure shows at once."""
     import openai

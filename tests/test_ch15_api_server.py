@@ -20,7 +20,7 @@ import pytest
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from server_utils import REPO_ROOT, ServerProcess, child_pids, llm_fixture, pid_alive, server_fixture
+from server_utils import REPO_ROOT, ServerProcess, assert_all_free, child_pids, llm_fixture, pid_alive, server_fixture
 
 SMOL = "models/smollm2-135m-instruct"
 TINY = "models/tiny-llama"
@@ -43,14 +43,6 @@ def smol_refs():
 
 
 tiny_llm = llm_fixture(TINY)
-
-
-def assert_all_free(server: ServerProcess) -> None:
-    h = server.wait_idle()
-    assert h["idle"] and h["live_requests"] == 0, h
-    assert h["integrity_ok"], h
-    assert h["free_rows"] == h["total_rows"], h
-    assert h["free_pages"] + h["cached_pages"] == h["total_pages"], h
 
 
 # ---- the official client, compared with the offline engine ------------------------------------

@@ -76,18 +76,27 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
             for m in msg.msgs:
                 self.handle(m)
         elif isinstance(msg, UserMsg):
-            try:
-                self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)
-            except InvalidRequestError as e:
-                self.outbox.append(SchedulerErrorMsg(msg.uid, str(e)))
+            if self.grammar.aside is not None and msg.sampling_params.json_mode != "off":
+                self.grammar.aside.submit(msg.uid, msg.sampling_params, msg)  # added once compiled, see run_forever
+            else:
+                self._add(msg)
         elif isinstance(msg, AbortMsg):
-            self.abort_request(msg.uid)
+            if self.grammar.aside is not None and self.grammar.aside.cancel(msg.uid):
+                self.on_finish_unstarted(msg.uid, "abort")
+            else:
+                self.abort_request(msg.uid)
         elif isinstance(msg, StatusQuery):
             self.outbox.append(self.status(msg.uid))
         elif isinstance(msg, ExitMsg):
             self.running = False
         else:
             raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
+
+    def _add(self, msg: UserMsg) -> None:
+        try:
+            self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)
+        except InvalidRequestError as e:
+            self.outbox.append(SchedulerErrorMsg(msg.uid, str(e)))
 
     def _integrity_ok(self) -> bool:
         """The full check walks every page (~0.5 s for a CPU pool of 500k pages), so it runs only
@@ -128,11 +137,17 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         try:
             while self.running:
                 # idle: wait for work (waking each second to notice a dead parent); busy: just peek
-                msgs = self.receive(1.0 if self.is_idle else 0.0)
+                compiling = self.grammar.aside is not None and self.grammar.aside.busy
+                msgs = self.receive(0.0 if not self.is_idle else 0.01 if compiling else 1.0)
                 if not msgs and self.is_idle and parent_pid is not None and os.getppid() != parent_pid:
                     return
                 for msg in msgs:
                     self.handle(msg)
+                for msg, error in self.grammar.compiled():  # JSON requests whose grammar is ready
+                    if error is None:
+                        self._add(msg)
+                    else:
+                        self.outbox.append(SchedulerErrorMsg(msg.uid, error))
                 if not self.is_idle:
                     self.step()
                 self.flush()

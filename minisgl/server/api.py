@@ -29,9 +29,9 @@ from .choices import Choice, gather_or_cancel, total_usage
 from .errors import BodyLimit, error, error_body, install_error_handlers
 from .frontend import FrontendManager, Lifecycle, RequestFailed
 from .launch import Backend
-from .metrics import CONTENT_TYPE, Metrics
+from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .chat import ChatCompletionRequest
-from .protocol import CompletionRequest, _Common
+from .protocol import CompletionRequest, _Common, quote
 
 T = TypeVar("T")
 # (text or None, finish_reason or None, start=False) -> a chunk dict, or with start=True a list of them
@@ -157,13 +157,7 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=args.server.max_request_bytes)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next: Callable) -> Response:
-        response = await call_next(request)
-        path = request.url.path
-        route = path if path in ROUTES else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
-        metrics.requests.labels(route, str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountResponses, metrics=metrics, routes=ROUTES)  # outermost: it sees the 413s too
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -198,12 +192,12 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Any:
         if model_id not in names:
-            return error(404, f"model {model_id!r} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
+            return error(404, f"model {quote(model_id)} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
         return card()
 
     async def respond(request: Request, body: _Common, prompts: List[Any], chat: bool, echo: bool = False) -> Any:
         if body.model not in names:
-            return error(404, f"model {body.model!r} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
+            return error(404, f"model {quote(body.model)} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
         refusal = lifecycle.refusal()
         if refusal:
             return error(503, refusal)

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import Field, model_validator
 
-from .protocol import MAX_TOP_LOGPROBS, I32_MAX, ResponseFormat, Unsupported, _Common, _Strict
+from .protocol import MAX_TOP_LOGPROBS, I32_MAX, ResponseFormat, Unsupported, _Common, _Strict, quote
 
 
 class ToolCallFunction(_Strict):
@@ -73,7 +73,7 @@ class ChatMessage(_Strict):
         for i, part in enumerate(self.content if isinstance(self.content, list) else []):
             kind = part.get("type")
             if kind != "text":
-                raise Unsupported(f"content.{i}.type", f"{kind!r} parts are not supported: this server's models read text only")
+                raise Unsupported(f"content.{i}.type", f"{quote(kind)} parts are not supported: this server's models read text only")
             if not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
                 raise Unsupported(f"content.{i}", "a text part is {\"type\": \"text\", \"text\": \"...\"}")
         return self
@@ -94,7 +94,7 @@ class ChatMessage(_Strict):
                 try:
                     args = json.loads(c.function.arguments)
                 except json.JSONDecodeError:
-                    raise Unsupported("tool_calls", f"arguments of {c.function.name!r} are not JSON: {c.function.arguments!r}") from None
+                    raise Unsupported("tool_calls", f"arguments of {quote(c.function.name)} are not JSON: {quote(c.function.arguments)}") from None
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
             out["tool_calls"] = calls
         if self.tool_call_id is not None:
@@ -126,7 +126,7 @@ class ChatCompletionRequest(_Common):
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
         if self.tool_choice not in (None, "none", "auto"):
-            raise Unsupported("tool_choice", f"{self.tool_choice!r} is not supported: only 'auto' (the model decides) and 'none'; this server cannot force a tool call")
+            raise Unsupported("tool_choice", f"{quote(self.tool_choice)} is not supported: only 'auto' (the model decides) and 'none'; this server cannot force a tool call")
         if self.tool_choice == "auto" and not self.tools:
             raise Unsupported("tool_choice", "'auto' needs tools to choose from")
         if self.tools and len({t.function.name for t in self.tools}) < len(self.tools):

@@ -3,13 +3,17 @@
     {"error": {"message": "...", "type": "invalid_request_error", "param": "seed", "code": null}}
 
 -- a refused field, a body that is not JSON, an unknown route (404), a wrong method (405), a body
-over the size limit (413), a dead engine (503) or a bug (500). The size limit is enforced before
-the body is parsed, so a huge request costs its upload and nothing more.
+over the size limit (413), a dead engine (503) or a bug (500). The size limit and the nesting
+limit are enforced before the body is parsed, so a huge request costs its upload and nothing
+more, and a deeply nested one never reaches code that recurses once per level (Python's JSON
+parser, pydantic, the encoders between the processes), where it would end as a 500. An error
+message quotes what the client sent only up to `QUOTE_CHARS` characters.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Awaitable, Callable, Dict, Optional
 
 from fastapi import FastAPI, Request
@@ -17,16 +21,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+import numpy as np
+
 from minisgl.core import InvalidRequestError
 
 from .protocol import Unsupported
+
+MAX_DEPTH = 64  # arrays and objects inside each other in a request body; real requests use a dozen
+MAX_MESSAGE_CHARS = 1000  # any error message, whatever it quotes
+_STRING = re.compile(rb'"[^"]*"')  # a JSON string once its escapes are gone
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 _KIND = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
 
 
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> Dict[str, Any]:
     kind = _KIND.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "..."
+    return {"error": {"message": message, "type": kind, "param": param and param[:200], "code": code}}
 
 
 def error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> JSONResponse:
@@ -36,7 +49,7 @@ def error(status: int, message: str, param: Optional[str] = None, code: Optional
 def validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     """(message, param) for the first problem pydantic found, named by its dotted path."""
     first = exc.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p)[:40] for p in first.get("loc", ()) if p != "body"]  # dict keys are the client's text
     kind = first.get("type")
     if kind == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
@@ -73,22 +86,37 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:  # logged by Starlette too
-        return error(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return error(500, f"internal server error: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
+def json_depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in a JSON text, found without parsing it (so without
+    recursion): strings removed, then the running count of brackets opened and not closed."""
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes first: \\" ends a string
+    brackets = _STRING.sub(b"", unescaped).translate(None, _NOT_BRACKET)
+    if not brackets:
+        return 0
+    opens = (np.frombuffer(brackets, dtype=np.uint8) & 2) != 0  # "[" and "{" have bit 1 set, "]" and "}" not
+    return int(np.cumsum(np.where(opens, 1, -1)).max())
+
+
 class BodyLimit:
-    """ASGI middleware: read the body up to `max_bytes`, answer 413 beyond it, else hand it on."""
+    """ASGI middleware: read the body up to `max_bytes`, answer 413 beyond it and 400 when it nests
+    deeper than `MAX_DEPTH`, else hand it on."""
 
     def __init__(self, app: ASGIApp, max_bytes: int):
         self.app = app
         self.max_bytes = max_bytes
 
     async def _too_large(self, send: Callable[[dict], Awaitable[None]]) -> None:
-        body = json.dumps(error_body(413, f"the request body is over the limit of {self.max_bytes} bytes (--max-request-bytes)")).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await self._refuse(send, 413, f"the request body is over the limit of {self.max_bytes} bytes (--max-request-bytes)")
+
+    async def _refuse(self, send: Callable[[dict], Awaitable[None]], status: int, message: str) -> None:
+        body = json.dumps(error_body(status, message)).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
@@ -108,6 +136,9 @@ class BodyLimit:
                 return await self._too_large(send)
             if not msg.get("more_body", False):
                 break
+        depth = json_depth(b"".join(chunks))
+        if depth > MAX_DEPTH:
+            return await self._refuse(send, 400, f"the request body nests arrays and objects {depth} levels deep; this server accepts at most {MAX_DEPTH}")
         replayed = False
 
         async def replay() -> dict:

@@ -74,7 +74,11 @@ class FrontendManager:
         stream = RequestStream(self, next(self._uids))
         self.queues[stream.uid] = stream.queue
         self.open[stream.uid] = stream
-        await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context, list(stop or []), echo))
+        try:
+            await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context, list(stop or []), echo))
+        except BaseException:  # not sent (or cancelled while sending): it must not stay open, or a drain waits for it
+            stream.close()
+            raise
         return stream
 
     def fail_all(self, status: int, message: str) -> int:

@@ -65,7 +65,11 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     try:
         from minisgl.scheduler.io import SchedulerIO  # here: the API process has no use for the engine
 
+        from minisgl.engine.grammar import AsideCompiler, CompileLimits
+
         sched = SchedulerIO(args.scheduler, addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
+        # JSON schemas compile beside the loop, so one slow schema never stalls the other streams
+        sched.grammar.aside = AsideCompiler(sched.grammar, CompileLimits(args.server.grammar_timeout_s, args.server.max_schema_bytes))
     except Exception as e:  # reported to the parent, which prints it and exits
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise

@@ -9,7 +9,7 @@ server gets its own registry, so two servers in one process (tests) never share 
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -49,6 +49,35 @@ class _SchedulerCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
+
+
+class CountResponses:
+    """ASGI middleware: count every response by route and status code. A plain ASGI wrapper that
+    only watches `send`: Starlette's `@app.middleware("http")` runs the route behind a stream of
+    its own, which hides the client's disconnect from the route, so a request whose client hung
+    up would run to its end."""
+
+    def __init__(self, app: Any, metrics: "Metrics", routes: Tuple[str, ...]):
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]  # what the client gets if the app fails before it answers
+
+        async def watch(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            path = scope["path"]
+            route = path if path in self.routes else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
 
 
 class Metrics:

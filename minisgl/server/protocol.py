@@ -29,6 +29,16 @@ class Unsupported(ValueError):
         self.param = param
 
 
+QUOTE_CHARS = 40  # of a value the client sent, quoted in an error message
+
+
+def quote(value: Any) -> str:
+    """`repr(value)`, cut to `QUOTE_CHARS` characters: an error names what was wrong without
+    echoing a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}... ({len(text)} characters)"
+
+
 def find_lone_surrogate(value: Any, where: str = "body") -> Optional[str]:
     """The path of the first string that is not valid Unicode (JSON allows "\\ud800"; UTF-8 does not)."""
     if isinstance(value, str):
@@ -114,7 +124,7 @@ class _Common(_Strict):
     def _valid_unicode(cls, data: Any) -> Any:
         where = find_lone_surrogate(data)
         if where is not None:
-            raise ValueError(f"{where} is not valid Unicode (a lone UTF-16 surrogate): send UTF-8 text")
+            raise ValueError(f"{where[:100]} is not valid Unicode (a lone UTF-16 surrogate): send UTF-8 text")
         return data
 
     @field_validator("top_k")
@@ -143,8 +153,9 @@ class _Common(_Strict):
     @classmethod
     def _logit_bias(cls, v: Optional[Dict[str, float]]) -> Optional[Dict[str, float]]:
         for key, bias in (v or {}).items():
-            if not key.isdigit() or int(key) > I32_MAX:
-                raise ValueError(f"keys are token ids written as decimal strings, got {key!r}")
+            # isdigit() alone takes other scripts' digits ("١٢"), which int() would read as 12
+            if not (key.isascii() and key.isdigit()) or len(key) > 10 or int(key) > I32_MAX:
+                raise ValueError(f"keys are token ids written as decimal strings (ASCII digits), got {quote(key)}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"biases are in [-100, 100], got {bias} for token {key}")
         return v
