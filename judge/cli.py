@@ -98,19 +98,27 @@ def cmd_grade(args: argparse.Namespace) -> int:
     from . import submission
     from .grade import grade
 
+    from . import progress
+
     registry.folder(args.exercise)
     file = Path(args.file) if args.file else None
-    with tempfile.TemporaryDirectory(prefix="judge-grade-") as tmp:
-        if file is not None and (file.is_dir() or file.suffix == ".ipynb"):
-            # a submission folder (an autograder's) or a notebook: the answer is found as grade-all finds it
-            sub = submission.find(file, args.exercise) if file.is_dir() else submission.read(file.stem, file, args.exercise)
-            if not sub.found:
-                print(f"error: nothing to grade: {sub.reason}", file=sys.stderr)
-                _write_outputs(args, None, reason=sub.reason, name=str(file))
-                return 2
-            file = Path(tmp) / f"{args.exercise.replace('-', '_')}.py"
-            file.write_text(sub.source)
+    if file is None or not (file.is_dir() or file.suffix == ".ipynb"):
         result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record)
+    else:  # a submission folder (an autograder's) or a notebook: the answer is found as grade-all finds it
+        sub = submission.find(file, args.exercise) if file.is_dir() else submission.read(file.stem, file, args.exercise)
+        if not sub.found:
+            print(f"error: nothing to grade: {sub.reason}", file=sys.stderr)
+            _write_outputs(args, None, reason=sub.reason, name=str(file))
+            return 2
+        with tempfile.TemporaryDirectory(prefix="judge-grade-") as tmp:
+            copy = Path(tmp) / f"{args.exercise.replace('-', '_')}.py"
+            copy.write_text(sub.source)
+            result = grade(args.exercise, copy, seed=args.seed, cases_dir=args.cases_dir, save=False)
+        result.file = str(sub.path)
+        for case in result.cases:
+            case.message = case.message.replace(str(copy.resolve()), result.file).replace(str(copy), result.file)
+        if not args.no_record:
+            progress.record(result)
     print(result)
     _write_outputs(args, result, name=result.file)
     return 0 if result.ok else 1

@@ -111,8 +111,11 @@ class Zygote:
     def _ensure(cls, env, fresh: bool) -> subprocess.Popen:
         stamp = cls._sources_stamp()
         proc = cls._procs.get(fresh)
-        if proc is not None and (proc.poll() is not None or (not fresh and stamp != cls._stamps.get(fresh))):
+        if proc is not None and proc.poll() is not None:
             cls._stop(fresh)
+            proc = None
+        elif proc is not None and not fresh and stamp != cls._stamps.get(fresh):
+            cls._retire(fresh)  # files changed: new workers come from a new server; running ones finish
             proc = None
         if proc is None:
             procs.set_subreaper()  # if the learner's code kills the fork server, its orphans come here
@@ -175,6 +178,23 @@ class Zygote:
             # marked: ours for certain, even where a dead server's pid was reused by another process
             return {p.pid for p in tab.values()
                     if p.ppid in parents and p.pid not in servers and p.pid not in running and procs.marked(p.pid)}
+
+    @classmethod
+    def _retire(cls, fresh: bool) -> None:
+        """Let a server go without killing the workers it started: with its input closed it exits,
+        and its keepers, adopted by the judge (a subreaper), go on reporting as before."""
+        proc = cls._procs.pop(fresh, None)
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # stopped, say: end the server alone, not its keepers
+            proc.kill()
+            proc.wait()
 
     @classmethod
     def _stop(cls, fresh: bool) -> None:

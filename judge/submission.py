@@ -70,9 +70,13 @@ def find(folder: Path, exercise_id: str) -> Submission:
     learner = folder.name
     if not folder.is_dir():
         return Submission(learner, reason=f"{folder} is not a folder")
-    for name in (f"{exercise_id}.py", f"{exercise_id.replace('-', '_')}.py"):
+    names = (f"{exercise_id}.py", f"{exercise_id.replace('-', '_')}.py")
+    for name in names:
         if (folder / name).exists():
             return read(learner, folder / name, exercise_id)
+    nested = sorted(p for name in names for p in folder.rglob(name))  # an upload that kept its folders
+    if nested:
+        return read(learner, nested[0], exercise_id)
     notebooks = sorted(folder.rglob("*.ipynb"))
     problems: List[Submission] = []
     for nb in reversed(notebooks):

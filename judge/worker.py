@@ -97,6 +97,15 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
     judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
     from judge import registry, sandbox
 
+    import tempfile
+
+    # temporary files go to the job's own folder, writable whatever else is closed
+    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job["out"]).parent)
+    for cache in (".cache", ".triton"):  # kernel caches (a GPU's JIT) that a confined process could not create in ~
+        try:
+            (Path.home() / cache).mkdir(exist_ok=True)
+        except OSError:
+            pass
     repo = Path(job["repo"])
     no_access = [repo / "judge" / "reference", registry.STATE_DIR, *map(Path, job.get("no_access", []))]
     if job.get("cases_dir"):

@@ -345,3 +345,29 @@ def test_the_machine_note_names_what_differs(monkeypatch: pytest.MonkeyPatch) ->
     result = grade(EX, SOLUTION, seed=1, save=False)
     note = next(n for n in result.notes if "recomputed" in n)
     assert f"transformers 0.0.1 here, {recorded['transformers']} recorded" in note and "python" not in note.lower()
+
+
+def test_a_new_fork_server_leaves_running_gradings_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the engine's files change while a grading runs: the next
+    # worker comes from a new fork server, and the running grading is not killed with the old one
+    from concurrent.futures import ThreadPoolExecutor
+
+    from judge import runner
+
+    marker = tmp_path / "slow case running"
+    slow = tmp_path / "slow.py"
+    slow.write_text(SOLUTION.read_text().replace(BODY, f"        import os, time\n        if self.prompt_len == 10 and not os.path.exists({str(marker)!r}):\n"
+                                                       f"            open({str(marker)!r}, 'w').close()\n            time.sleep(5)\n" + BODY))
+    stamp = {"now": 0.0}
+    monkeypatch.setattr(runner.Zygote, "_sources_stamp", staticmethod(lambda: stamp["now"]))
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(grade, EX, slow, seed=1, save=False)
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the slow case never started"
+        stamp["now"] = 1.0
+        second = pool.submit(grade, EX, SOLUTION, seed=1, save=False)
+        a, b = first.result(), second.result()
+    assert a.ok, str(a)
+    assert b.ok, str(b)
