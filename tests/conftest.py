@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the models folder and the `gpu` / `slow` markers."""
+"""Shared pytest set-up: the models folder, the `gpu` / `slow` markers, and how the suite is spread
+over pytest-xdist workers (`make test` runs `-n <cores> --dist loadfile`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,41 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# How `make test` spreads the suite over pytest-xdist workers (`-n <cores> --dist loadfile`): a test
+# file runs whole on one worker, so its module fixtures (servers, engines) are built once, and so
+# does a notebook (its cells share one kernel). The files below hold long tests that share nothing
+# (no module fixture, nothing on disk): their tests are handed out one by one, and first.
+SPREAD_FILES = {"test_judge.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SpreadLongFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return nodeid if Path(scope).name in SPREAD_FILES else scope
+
+    config.option.loadscopereorder = False  # the workers' collection is in the order wanted (below)
+    return SpreadLongFiles(config, log)
+
+
+def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Whole files in the order xdist hands them out: the spread files' tests, then the files and
+    notebooks with the most items (a rough measure of their time), so no long one comes last."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(str(item.fspath), []).append(item)
+    order = sorted(files.values(), key=lambda group: (Path(str(group[0].fspath)).name not in SPREAD_FILES, -len(group)))
+    return [item for group in order for item in group]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts the same way
+        items[:] = _heaviest_first(items)
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     if _cuda_available():
@@ -41,6 +76,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Once, before any xdist worker starts: build every chapter's staged package (.stages/), so
+    two workers never rebuild the same stage under each other (a notebook and tests/test_stages.py)."""
+    if hasattr(session.config, "workerinput"):
+        return  # a worker: the controller has built them
+    from file_module import load_file
+
+    stages = load_file(REPO_ROOT / "tools" / "stages.py", "_stages_for_the_session")
+    manifest = stages.load_manifest()
+    for notebook in sorted((REPO_ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        if int(notebook.name[:2]) >= 1:  # chapter 0 runs without a stage
+            stages.build(int(notebook.name[:2]), manifest)
 
 
 # ---- shared fixtures of the chapter tests (oracles and builders live in tests/helpers.py) ----

@@ -154,9 +154,12 @@ def test_installed_packages_are_the_locked_ones():
     """This environment is the one `make setup` builds from the lock (on the CPU build of torch)."""
     from importlib import metadata
 
-    torch = pytest.importorskip("torch")
-    if torch.version.cuda is not None or sys.version_info[:2] != (3, 11):
-        pytest.skip("the CPU lock is for CPython 3.11 with the CPU build of torch")
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        pytest.skip("torch is not installed")
+    if not torch_version.endswith("+cpu") or sys.version_info[:2] != (3, 11):
+        pytest.skip(f"the CPU lock is for CPython 3.11 with the CPU build of torch (here torch {torch_version})")
     wrong = {}
     for name, version in lock_pins(CPU_LOCK).items():
         try:

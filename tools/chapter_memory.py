@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Each chapter's peak resident memory: its notebook run top to bottom in a fresh kernel.
+
+    python tools/chapter_memory.py              # every chapters/NN_*.ipynb (`make memory`)
+    python tools/chapter_memory.py 07 10        # only these chapters
+    python tools/chapter_memory.py --runs 2     # Run All twice in the same kernel, as a learner might
+
+One line a chapter: the kernel's peak resident set (VmHWM, read from /proc when the last cell has
+run) and the peak of the kernel together with every process it started (servers, tensor-parallel
+ranks, judge workers), sampled every 0.1 s. The exit status is non-zero when a kernel's peak is
+over --limit-gb (1.5 GiB by default: five chapters open at once then fit an 8 GB laptop). Linux
+only (it reads /proc). The notebooks on disk are never modified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from run_notebooks import chapter_notebooks  # noqa: E402  (tools/ is not a package)
+
+GIB = 1 << 30
+
+
+def _status_kib(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def descendants(pid: int) -> List[int]:
+    """pid's children, their children, ... (from /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+class Sampler(threading.Thread):
+    """Peak resident set of a process tree, sampled every `every` seconds until stopped."""
+
+    def __init__(self, pid: int, every: float = 0.1):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.peak_kib = pid, every, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            total = sum(_status_kib(p, "VmRSS") for p in [self.pid, *descendants(self.pid)])
+            self.peak_kib = max(self.peak_kib, total)
+            self._stop_event.wait(self.every)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return self.peak_kib
+
+
+def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, object]:
+    """Run a notebook `runs` times in one fresh kernel; its peaks in bytes and any error."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    error, kernel_kib, tree_kib = None, 0, 0
+    start = time.perf_counter()
+    with client.setup_kernel():
+        pid = client.km.provisioner.pid
+        sampler = Sampler(pid)
+        sampler.start()
+        index = None
+        try:
+            for _ in range(runs):
+                for index, cell in enumerate(nb.cells):
+                    client.execute_cell(cell, index)
+        except CellExecutionError as e:
+            error = f"cell {index}: {e.ename}: {(e.evalue or '').strip().splitlines()[-1:]}"
+        except CellTimeoutError:
+            error = f"cell {index}: timed out after {cell_timeout} s"
+        except DeadKernelError:
+            error = f"cell {index}: the kernel died"
+        finally:
+            kernel_kib = _status_kib(pid, "VmHWM")
+            tree_kib = sampler.stop()
+    return {"name": path.stem, "kernel": kernel_kib * 1024, "tree": max(tree_kib, kernel_kib) * 1024,
+            "seconds": time.perf_counter() - start, "error": error}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("chapters", nargs="*", help="chapter numbers (default: every chapter notebook)")
+    ap.add_argument("--runs", type=int, default=1, help="Run All this many times in the same kernel (default 1)")
+    ap.add_argument("--limit-gb", type=float, default=1.5, help="a kernel's allowed peak, in GiB (default 1.5)")
+    ap.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error(f"--runs must be at least 1, got {args.runs}")
+    notebooks = chapter_notebooks(args.chapters)
+    width = max(len(p.stem) for p in notebooks)
+    print(f"{'chapter':<{width}}  kernel peak  with its processes  seconds", flush=True)
+    over = failed = 0
+    for path in notebooks:
+        r = measure(path, args.runs, args.cell_timeout)
+        big = r["kernel"] > args.limit_gb * GIB
+        over += big
+        failed += r["error"] is not None
+        flag = f"  over {args.limit_gb:g} GiB" if big else ""
+        print(f"{r['name']:<{width}}  {r['kernel'] / GIB:8.2f} GiB  {r['tree'] / GIB:12.2f} GiB  {r['seconds']:7.0f}"
+              f"{flag}{'  ' + r['error'] if r['error'] else ''}", flush=True)
+    print(f"{len(notebooks)} chapters, {args.runs} run(s) each: {over} over {args.limit_gb:g} GiB, {failed} failed")
+    return 1 if over or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
