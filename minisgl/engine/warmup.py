@@ -16,9 +16,10 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-# Triton specialises an integer argument on being 1 and on being a multiple of 16: one prefill of
-# each kind of length compiles every variant a real prompt can need
-WARMUP_PROMPT_LENS = (1, 16, 17)
+# Triton specialises an integer argument on being 1 and on being a multiple of 16: one prompt of
+# each kind of length compiles every variant a real one can need; and a batch as wide as a busy
+# server's grows the memory allocator's pool now rather than under the first requests
+WARMUP_PROMPT_LENS = (1, 16, 17) + (24,) * 61
 
 
 def warm_up(engine: "Engine", prompt_lens: Sequence[int] = WARMUP_PROMPT_LENS) -> float:
