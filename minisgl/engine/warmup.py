@@ -27,6 +27,7 @@ def warm_up(engine: "Engine", prompt_lens: Sequence[int] = WARMUP_PROMPT_LENS) -
     dummy row; its KV writes go to the dummy page, which is zeroed again afterwards. Decode kernels
     are compiled by CUDA-graph capture. Returns the seconds it took."""
     start = time.perf_counter()
+    prompt_lens = prompt_lens[: max(3, engine.config.max_running_reqs)]  # no wider than a real batch
     dev, dummy_row = engine.device, engine.page_table.shape[0] - 1
     reqs = [Req(torch.zeros(n, dtype=torch.int32), dummy_row, 0, -1 - i, SamplingParams(max_tokens=1), None)
             for i, n in enumerate(prompt_lens)]
