@@ -244,3 +244,80 @@ def test_embedding_looks_up_rows_and_tied_head_reuses_them():
 def test_untied_head_has_its_own_weight():
     head = ParallelLMHead(50, 8, tie_to=None, dtype=F32, device=CPU)
     assert list(head.state_dict()) == ["weight"] and head.weight.shape == (50, 8)
+
+
+# ---- the MLP's one op, attention's q/k step, and which rank counts a model fits ---------------
+
+
+def test_merged_gate_up_op_is_the_transformers_mlp_before_down():
+    """`forward_silu_and_mul` is `silu(x @ gate.T) * (x @ up.T)` for the merged [gate; up] weight."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    mlp = LlamaMLP(LlamaConfig(hidden_size=16, intermediate_size=24, num_attention_heads=2))
+    gate_up = LinearColParallelMerged(16, [24, 24], dtype=F32, device=CPU)
+    gate_up.weight.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp.down_proj(gate_up.forward_silu_and_mul(x)), mlp(x))
+
+
+def test_qk_norm_rope_is_qwen3s_head_norm_then_rope():
+    """Qwen3 normalises each query and key head, then rotates; without norms the step is RoPE alone."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from minisgl.layers.rotary import QKNormRope
+
+    rot = RotaryEmbedding(HEAD_DIM, MAX_POS, 10000.0, None, CPU)
+    hf_q, hf_k = Qwen3RMSNorm(HEAD_DIM, eps=1e-6), Qwen3RMSNorm(HEAD_DIM, eps=1e-6)
+    q_norm, k_norm = RMSNorm(HEAD_DIM, 1e-6, dtype=F32, device=CPU), RMSNorm(HEAD_DIM, 1e-6, dtype=F32, device=CPU)
+    for hf, ours in ((hf_q, q_norm), (hf_k, k_norm)):
+        hf.weight.data = torch.randn(HEAD_DIM)
+        ours.weight.copy_(hf.weight.data)
+    positions = torch.tensor([4, 0, 31, 7])
+    q, k = torch.randn(4, 4, HEAD_DIM) * 3, torch.randn(4, 2, HEAD_DIM) * 3  # [tokens, heads, head_dim]
+    cos, sin = _hf_rotary(10000.0, None)(q, positions[None])
+    with torch.no_grad():
+        q_ref, k_ref = apply_rotary_pos_emb(hf_q(q).transpose(0, 1)[None], hf_k(k).transpose(0, 1)[None], cos, sin)
+    q_out, k_out = QKNormRope(rot, q_norm, k_norm)(positions, q, k)
+    torch.testing.assert_close(q_out, q_ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_out, k_ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+    plain = QKNormRope(rot)(positions, q, k)
+    for a, b in zip(plain, rot(positions, q, k)):
+        assert torch.equal(a, b)
+
+
+def _layers_split(cfg, tp: int) -> bool:
+    """Whether rank 0's attention and MLP projections of `cfg` can be built over `tp` ranks."""
+    from minisgl.distributed.info import TPInfo, set_tp_info
+
+    meta = torch.device("meta")
+    set_tp_info(TPInfo(0, tp))
+    try:
+        LinearQKVMerged(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, dtype=F32, device=meta)
+        LinearRowParallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, dtype=F32, device=meta)
+        LinearColParallelMerged(cfg.hidden_size, [cfg.intermediate_size] * 2, dtype=F32, device=meta)
+        LinearRowParallel(cfg.intermediate_size, cfg.hidden_size, dtype=F32, device=meta)
+        return True
+    except (ValueError, AssertionError):
+        return False
+    finally:
+        set_tp_info(TPInfo())
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen3-0.6b-dummy", "tiny-llama", "tiny-qwen3"])
+def test_layers_split_exactly_where_the_engine_accepts_the_rank_count(name):
+    """Chapter 2: a model runs on N ranks only if every layer splits, and SmolLM2's MLP rules out 9
+    although its attention alone would split. The engine's up-front check must agree with the layers."""
+    from helpers import MODELS
+    from minisgl.distributed.split import tp_split_problems
+    from minisgl.models import ModelConfig
+
+    cfg = ModelConfig.from_dir(MODELS / name)
+    for tp in range(1, 17):
+        assert _layers_split(cfg, tp) == (not tp_split_problems(cfg, tp)), f"{name}, tp={tp}"
+    if name == "smollm2-135m-instruct":
+        assert [tp for tp in range(1, 10) if _layers_split(cfg, tp)] == [1, 3]
+        assert any("MLP width 1536" in p for p in tp_split_problems(cfg, 9))
+        assert not any("heads" in p for p in tp_split_problems(cfg, 9))  # attention alone would split
