@@ -1,19 +1,27 @@
-"""Chapter 19: fused kernels. Each PyTorch fallback is checked against a naive reference (or the
-layer it replaces) on the CPU; on a GPU each Triton kernel is checked against its fallback."""
+"""Chapter 19: fused kernels and the backend built from them. Each PyTorch fallback is checked
+against a naive reference (or the layer it replaces) on the CPU, and each Triton kernel against
+its fallback under Triton's interpreter on the CPU and compiled on a GPU; on a GPU the triton-decode
+backend is checked against the torch backend through the attention interface, for decode batches of
+every regime its thresholds table names, eager and replayed from a CUDA graph."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import importlib
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from minisgl import kernel as K
+from minisgl.attention import triton_decode_backend as tdb
+from minisgl.attention.triton_decode_backend import THRESHOLDS, DecodeThresholds
+from minisgl.kernel.decode import LARGE_TILE, SMALL_TILE
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
+
+from test_ch17_flashinfer import HQ, HKV, against_torch, assert_matches_torch, decode_specs, graph_against_torch, PREFILL_SPECS
 
 gpu = pytest.mark.gpu
 
@@ -63,23 +71,29 @@ def test_rmsnorm_ref_matches_the_layer():
     torch.testing.assert_close(K.rmsnorm_ref(x, norm.weight, 1e-6), naive)
 
 
-def test_rope_with_qk_norm_on_the_cpu_is_the_two_layers_in_turn():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_norm_then_rope_on_the_cpu_is_what_the_fused_kernels_take_as_reference(dtype):
+    """The layer's `QKNormRope` (the norms, then RoPE) computes, rounding for rounding, the reference
+    the fused kernels are checked against: `apply_rope_ref` over `rmsnorm_ref`."""
     rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
-    q, k, _ = _qkv(5, 3, 1, 16, torch.float32, "cpu")
+    q, k, _ = _qkv(5, 3, 1, 16, dtype, "cpu")
     pos = torch.tensor([0, 1, 7, 33, 63])
-    qn, kn = (RMSNorm(16, 1e-6, dtype=torch.float32, device=torch.device("cpu")) for _ in range(2))
+    qn, kn = (RMSNorm(16, 1e-6, dtype=dtype, device=torch.device("cpu")) for _ in range(2))
     qn.weight.copy_(torch.randn(16))
     kn.weight.copy_(torch.randn(16))
-    got = rope.forward(pos, q, k, (qn, kn))
-    want = rope.forward(pos, qn.forward(q), kn.forward(k))
+    got = QKNormRope(rope, qn, kn)(pos, q, k)
+    assert all(torch.equal(g, w) for g, w in zip(got, rope.forward(pos, qn.forward(q), kn.forward(k))))
+    want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, qn.weight, 1e-6), K.rmsnorm_ref(k, kn.weight, 1e-6), rope.cos, rope.sin)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+    plain = QKNormRope(rope)(pos, q, k)  # a model without qk-norm: RoPE alone
+    assert all(torch.equal(g, w) for g, w in zip(plain, rope.forward(pos, q, k)))
 
 
 def test_rope_ref_rotates_each_pair_by_its_angle():
     rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
     q, k, _ = _qkv(5, 3, 1, 16, torch.float32, "cpu")
     pos = torch.tensor([0, 1, 7, 33, 63])
-    got_q, got_k = K.apply_rope(pos, q, k, rope._cos, rope._sin)
+    got_q, got_k = K.apply_rope(pos, q, k, rope.cos, rope.sin)
     # the rotate-half layout pairs dimension i with i + 8 and turns the pair by pos * theta_i
     theta = 10000.0 ** (-torch.arange(0, 16, 2).float() / 16)
     ang = pos[:, None].float() * theta[None, :]
@@ -162,7 +176,7 @@ def _rope_inputs(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kernel(dtype):
     rope, q, k, pos = _rope_inputs(dtype)
-    for got, want in zip(K.apply_rope(pos, q, k, rope._cos, rope._sin), K.apply_rope_ref(pos, q, k, rope._cos, rope._sin)):
+    for got, want in zip(K.apply_rope(pos, q, k, rope.cos, rope.sin), K.apply_rope_ref(pos, q, k, rope.cos, rope.sin)):
         _close(got, want, dtype)
 
 
@@ -172,8 +186,8 @@ def test_rope_kernel_with_qk_norm_is_norm_then_rope(dtype):
     """Qwen3's qk-norm folded into the rope launch computes what the two layers compute apart."""
     rope, q, k, pos = _rope_inputs(dtype)
     wq, wk = torch.randn(128, dtype=dtype, device="cuda"), torch.randn(128, dtype=dtype, device="cuda")
-    got = K.apply_rope(pos, q, k, rope._cos, rope._sin, (wq, wk, 1e-6))
-    want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, wq, 1e-6), K.rmsnorm_ref(k, wk, 1e-6), rope._cos, rope._sin)
+    got = K.apply_rope(pos, q, k, rope.cos, rope.sin, (wq, wk, 1e-6))
+    want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, wq, 1e-6), K.rmsnorm_ref(k, wk, 1e-6), rope.cos, rope.sin)
     for g, w in zip(got, want):
         _close(g, w, dtype)
 
@@ -198,7 +212,7 @@ def _rope_store_case(dtype, device, tokens=9, hq=4, hkv=2, d=64, qk_norm=True):
     for fn in (K.apply_rope_and_store, K.apply_rope_and_store_ref):
         kc = torch.full((3 * tokens, hkv, d), float("nan"), dtype=dtype, device=device)
         vc = kc.clone()
-        out.append((fn(pos, q, k, v, rope._cos, rope._sin, kc, vc, loc, norm), kc, vc))
+        out.append((fn(pos, q, k, v, rope.cos, rope.sin, kc, vc, loc, norm), kc, vc))
     return out
 
 
@@ -307,58 +321,16 @@ def test_linear_uses_the_kernel_up_to_gemv_max_rows():
     assert not K.gemv_applies(torch.randn(1, 128, device="cuda"), w.float())  # float32 keeps cuBLAS
 
 
-# ---- the projection with its RMSNorm inside ----------------------------------------------------
-def _gemv_normed_checks(dtype, device, tol, shapes=((77, 1000, False), (600, 512, True), (64, 3072, False))):
-    """`gemv_normed` against `fused_add_rmsnorm` then the projection: the residual stream it
-    returns is bit-equal to the norm kernel's, the output equal to the dtype's rounding."""
-    for rows in (1, 2):
-        for n, k, silu in shapes:
-            x, w, _ = _gemv_case(rows, n, k, dtype, device, seed=rows + n)
-            r = torch.randn(rows, k).to(dtype).to(device)
-            nw = (1 + torch.randn(k) / 4).to(dtype).to(device)
-            for res in (r, None):  # no residual yet: the first layer
-                got, summed = K.gemv_normed(x, K.PreNorm(nw, 1e-6, res), w, silu_mul=silu)
-                h, want_summed = K.fused_add_rmsnorm(x, res, nw, 1e-6)
-                want = K.linear_silu_and_mul_ref(h, w) if silu else F.linear(h.float(), w.float()).to(dtype)
-                assert torch.equal(summed, want_summed)
-                torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+def test_gate_up_projection_with_its_activation_is_the_reference_on_the_cpu():
+    """The MLP's one op `forward_silu_and_mul` is `linear_silu_and_mul_ref`, the specification the
+    GEMV kernel with the activation inside is checked against."""
+    from minisgl.layers.linear import LinearColParallelMerged
 
-
-_GEMV_NORMED_INTERPRETED = """
-import torch, sys
-sys.path.insert(0, {tests!r})
-from test_ch19_kernels import _gemv_normed_checks
-_gemv_normed_checks(torch.float32, "cpu", 1e-4, shapes=((7, 1100, False), (10, 96, True)))  # small: the interpreter is slow
-print("ok")
-"""
-
-
-def test_gemv_normed_kernel_under_the_triton_interpreter():
-    _interpret(_GEMV_NORMED_INTERPRETED)
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemv_normed_kernel(dtype):
-    _gemv_normed_checks(dtype, "cuda", 2e-2)
-
-
-def test_projection_with_its_norm_equals_norm_then_projection_on_the_cpu():
-    from minisgl.layers.linear import LinearColParallelMerged, LinearReplicated
-
-    cpu = torch.device("cpu")
-    norm = RMSNorm(64, 1e-6, dtype=torch.float32, device=cpu)
-    norm.weight.copy_(torch.randn(64))
-    proj = LinearReplicated(64, 32, dtype=torch.float32, device=cpu)
-    gate_up = LinearColParallelMerged(64, [48, 48], dtype=torch.float32, device=cpu)
-    proj.weight.copy_(torch.randn(32, 64))
+    gate_up = LinearColParallelMerged(64, [48, 48], dtype=torch.float32, device=torch.device("cpu"))
     gate_up.weight.copy_(torch.randn(96, 64))
-    x, r = torch.randn(3, 64), torch.randn(3, 64)
-    h, s = norm.forward_residual(x, r)
-    y, s2 = proj.forward_normed(x, r, norm)
-    assert torch.equal(y, proj(h)) and torch.equal(s2, s)
-    y, s2 = gate_up.forward_normed_silu_and_mul(x, r, norm)
-    assert torch.equal(y, gate_up.forward_silu_and_mul(h)) and torch.equal(s2, s)
+    x = torch.randn(3, 64)
+    assert torch.equal(gate_up.forward_silu_and_mul(x), K.silu_and_mul_ref(gate_up(x)))
+    torch.testing.assert_close(gate_up.forward_silu_and_mul(x), K.linear_silu_and_mul_ref(x, gate_up.weight))
 
 
 # ---- decode attention for a few requests -------------------------------------------------------
@@ -404,10 +376,10 @@ def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
                 got = K.decode_attention(*args, scratch, splits)
                 torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
             assert int(scratch.count.abs().sum()) == 0
-        # the large-batch tile: 128 keys a step, two pipeline stages; one split a request, as from LARGE_DECODE_ONE_SPLIT_MIN_BS
+        # the large-batch tile; one split a request (as the backend picks from `one_split_min_bs`), and two
         for splits in (1, 2):
             for _ in range(2):
-                got = K.decode_attention(*args, scratch, splits, K.LARGE_BATCH_BLOCK, K.LARGE_BATCH_STAGES)
+                got = K.decode_attention(*args, scratch, splits, tile=LARGE_TILE)
                 torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
         assert int(scratch.count.abs().sum()) == 0
         # the grid's order only changes which programs run side by side: the same bits either way
@@ -421,9 +393,9 @@ def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
         q, kc, vc, table, rows, kv_lens = args
         order = torch.argsort(kv_lens, stable=True).to(torch.int32)
         assert not torch.equal(order.cpu(), torch.arange(bs, dtype=torch.int32))  # a real permutation
-        for splits, tile in ((1, {}), (4, {}), (1, large := dict(block=K.LARGE_BATCH_BLOCK, stages=K.LARGE_BATCH_STAGES)), (2, large)):
-            plain = K.decode_attention(*args, scratch, splits, **tile)
-            listed = K.decode_attention(q, kc, vc, table, rows[order.long()], kv_lens[order.long()], scratch, splits, order=order, **tile)
+        for splits, tile in ((1, SMALL_TILE), (4, SMALL_TILE), (1, LARGE_TILE), (2, LARGE_TILE)):
+            plain = K.decode_attention(*args, scratch, splits, tile=tile)
+            listed = K.decode_attention(q, kc, vc, table, rows[order.long()], kv_lens[order.long()], scratch, splits, tile=tile, order=order)
             assert torch.equal(listed, plain)
         assert int(scratch.count.abs().sum()) == 0
 
@@ -460,15 +432,15 @@ def _decode_rope_checks(dtype, device, tol, sms, hq=16, hkv=8, d=128, lens=(1, 2
         positions = (kv_lens - 1).long() + torch.randint(0, 7, (bs,), device=device)  # need not match the length
         rope = RotaryEmbedding(d, 2048, 1e6, None, torch.device(device))
         norm = (torch.randn(d, dtype=dtype, device=device), torch.randn(d, dtype=dtype, device=device), 1e-6) if qk_norm else None
-        pending = K.PendingRope(positions, k, v, out_loc, rope._cos, rope._sin, norm)
+        pending = K.PendingRope(positions, k, v, out_loc, rope.cos, rope.sin, norm)
         kc, vc = kc0.clone(), vc0.clone()
-        want_q = K.apply_rope_and_store_ref(positions, q, k, v, rope._cos, rope._sin, kc, vc, out_loc, norm)
+        want_q = K.apply_rope_and_store_ref(positions, q, k, v, rope.cos, rope.sin, kc, vc, out_loc, norm)
         want = K.decode_attention_ref(want_q, kc, vc, table, rows, kv_lens)
         scratch = K.DecodeScratch.for_batches(bs, hkv, hq // hkv, d, 1 << 20, q.device)
-        tiles = [(s, {}) for s in sorted({1, 4, K.decode_splits(bs, hkv, sms)})] + [(2, dict(block=K.LARGE_BATCH_BLOCK, stages=K.LARGE_BATCH_STAGES))]
+        tiles = [(s, SMALL_TILE) for s in sorted({1, 4, K.decode_splits(bs, hkv, sms)})] + [(1, LARGE_TILE), (2, LARGE_TILE)]
         for splits, tile in tiles:
             got_kc, got_vc = kc0.clone(), vc0.clone()
-            got = K.decode_attention(q, got_kc, got_vc, table, rows, kv_lens, scratch, splits, rope=pending, **tile)
+            got = K.decode_attention(q, got_kc, got_vc, table, rows, kv_lens, scratch, splits, tile=tile, rope=pending)
             torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
             torch.testing.assert_close(got_kc.float(), kc.float(), atol=tol, rtol=tol)  # only the new keys moved
             assert torch.equal(got_vc, vc)
@@ -477,8 +449,8 @@ def _decode_rope_checks(dtype, device, tol, sms, hq=16, hkv=8, d=128, lens=(1, 2
             # writes its output row
             order = torch.argsort(kv_lens, stable=True).to(torch.int32)
             got_kc, got_vc = kc0.clone(), vc0.clone()
-            listed = K.decode_attention(q, got_kc, got_vc, table, rows[order.long()], kv_lens[order.long()], scratch, splits, rope=pending,
-                                        order=order, **tile)
+            listed = K.decode_attention(q, got_kc, got_vc, table, rows[order.long()], kv_lens[order.long()], scratch, splits, tile=tile,
+                                        rope=pending, order=order)
             torch.testing.assert_close(listed.float(), want.float(), atol=tol, rtol=tol)
             torch.testing.assert_close(got_kc.float(), kc.float(), atol=tol, rtol=tol)
             assert torch.equal(got_vc, vc)
@@ -507,53 +479,6 @@ def test_decode_attention_with_rope_kernel(dtype):
     _decode_rope_checks(dtype, "cuda", 2e-2, torch.cuda.get_device_properties(0).multi_processor_count)
 
 
-def _pieces_case(dtype, device, lens=(1, 5, 9, 300), pieces=(1, 2, 3, 4), heads=4, d=32):
-    """Attention of each request over all its keys, and over consecutive pieces of them (output
-    and base-2 log-sum-exp per piece, as FlashInfer returns them), plus one padding row."""
-    torch.manual_seed(0)
-    outs, lses, starts, want = [], [], [0], []
-    for n, p in zip(lens, pieces):
-        q, k, v = torch.randn(heads, d), torch.randn(n, heads, d), torch.randn(n, heads, d)
-        scores = torch.einsum("hd,nhd->hn", q, k) / math.sqrt(d)
-        want.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), v))
-        cuts = [j * n // p for j in range(p + 1)]
-        for a, b in zip(cuts, cuts[1:]):
-            outs.append(torch.einsum("hn,nhd->hd", scores[:, a:b].softmax(-1), v[a:b]))
-            lses.append(torch.logsumexp(scores[:, a:b], -1) / math.log(2))
-        starts.append(starts[-1] + p)
-    o = torch.stack([*outs, torch.randn(heads, d)]).to(device, dtype)  # the last row pads: never read
-    lse = torch.stack([*lses, torch.randn(heads)]).to(device)
-    return (o, lse, torch.tensor(starts, dtype=torch.int32, device=device)), torch.stack(want).to(device)
-
-
-def test_merged_pieces_are_attention_over_all_the_keys():
-    (o, lse, part_start), want = _pieces_case(torch.float32, "cpu")
-    torch.testing.assert_close(K.merge_pieces_ref(o, lse, part_start), want, atol=1e-5, rtol=1e-5)
-
-
-_MERGE_INTERPRETED = """
-import torch, sys
-sys.path.insert(0, {tests!r})
-from test_ch19_kernels import _pieces_case
-from minisgl import kernel as K
-(o, lse, part_start), want = _pieces_case(torch.float32, "cpu")
-torch.testing.assert_close(K.merge_pieces(o, lse, part_start), want, atol=1e-5, rtol=1e-5)
-print("ok")
-"""
-
-
-def test_merge_pieces_kernel_under_the_triton_interpreter():
-    _interpret(_MERGE_INTERPRETED)
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_merge_pieces_kernel(dtype):
-    (o, lse, part_start), want = _pieces_case(dtype, "cuda", d=128, heads=16)
-    torch.testing.assert_close(K.merge_pieces(o, lse, part_start).float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(K.merge_pieces(o, lse, part_start), K.merge_pieces_ref(o, lse, part_start), atol=1e-2, rtol=1e-2)
-
-
 def test_cpu_projections_agree_with_f_linear_and_follow_edits_of_the_weight(monkeypatch):
     """float32 on the CPU goes through oneDNN with the weight reordered once: the same products
     summed in another order, and a weight edited in place is reordered again, never stale."""
@@ -570,3 +495,144 @@ def test_cpu_projections_agree_with_f_linear_and_follow_edits_of_the_weight(monk
     assert torch.equal(K.cpu_linear(x, w_inf), F.linear(x, w_inf))
     monkeypatch.setattr(cpu_gemm, "ENV", dataclasses.replace(cpu_gemm.ENV, disable_onednn=True))
     assert torch.equal(K.cpu_linear(x, w), F.linear(x, w))  # MINISGL_DISABLE_ONEDNN=1
+
+
+# ---- the triton-decode backend against the torch backend (GPU) ----------------------------------
+def triton_decode(thresholds: DecodeThresholds = THRESHOLDS):
+    """A maker for `against_torch`: the backend of this chapter, with the given thresholds table."""
+
+    def make(kv, table):
+        return tdb.TritonDecodeAttnBackend(kv, table, num_qo_heads=HQ, thresholds=thresholds)
+
+    return make
+
+
+_T = THRESHOLDS
+# a decode batch size in each regime the thresholds table names (and at each edge between them)
+REGIMES = {
+    "one request, small tile, rope in kernel": 1,
+    "small tile, rope in kernel": _T.small_tile_max_bs,
+    "large tile, splits, longest first, rope in kernel": _T.small_tile_max_bs + 1,
+    "large tile, one split, longest first, rope in kernel": _T.one_split_min_bs,
+    "large tile, one split, longest first, rope in kernel, its last size": _T.rope_in_kernel_max_bs,
+    "large tile, one split, longest first, rope launched first": _T.rope_in_kernel_max_bs + 1,
+    "large tile, one split, as they come, rope launched first": _T.longest_first_max_bs + 1,
+}
+
+
+def test_the_regimes_are_ordered_as_the_table_says():
+    """The sizes above land in the regimes their names say only if the table keeps this order."""
+    assert 0 < _T.small_tile_max_bs < _T.one_split_min_bs <= _T.rope_in_kernel_max_bs < _T.longest_first_max_bs
+    assert _T.min_splits >= 2 and _T.max_head_dim == 128
+
+
+def _count_rope_launches(monkeypatch) -> dict:
+    """Count the separate RoPE-and-store launches, by the backend and inside `decode_attention`."""
+    from minisgl.kernel import decode as decode_module
+
+    calls = {"backend": 0, "kernel": 0}
+    for module, key in ((tdb, "backend"), (decode_module, "kernel")):
+        real = module.apply_rope_and_store
+
+        def counted(*args, _real=real, _key=key, **kwargs):
+            calls[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "apply_rope_and_store", counted)
+    return calls
+
+
+def _check_triton_decode(monkeypatch, bs: int, page_size: int, thresholds: DecodeThresholds = THRESHOLDS, qk_norm: bool = True):
+    """One decode batch through the backend's `forward` against the torch backend, and the path the
+    thresholds table says the batch takes: tile, splits, entry order, where RoPE runs."""
+    t = thresholds
+    calls = _count_rope_launches(monkeypatch)
+    specs = decode_specs(bs)
+    want, got, meta = against_torch(triton_decode(t), specs, "decode", page_size, qk_norm=qk_norm)
+    assert_matches_torch(want, got)
+    assert isinstance(meta, tdb.TritonDecodeMetadata) and meta.size == bs
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    small = bs <= t.small_tile_max_bs
+    assert meta.tile == (SMALL_TILE if small else LARGE_TILE)
+    if small:
+        assert meta.splits == K.decode_splits(bs, HKV, sms)
+    elif bs >= t.one_split_min_bs:
+        assert meta.splits == 1  # each program writes its request's output: no partials to merge
+    else:
+        assert meta.splits == max(t.min_splits, K.decode_splits(bs, HKV, sms, t.programs_per_sm)) >= 2
+    lens, entries = [n for _, n in specs], meta.kv_lens.tolist()
+    if t.small_tile_max_bs < bs <= t.longest_first_max_bs:  # longest first, each found again through `order`
+        order = meta.order.tolist()
+        assert sorted(order) == list(range(bs)) and entries == sorted(lens, reverse=True)
+        assert [lens[i] for i in order] == entries and meta.rows.tolist() == order  # request r sits on row r
+    else:
+        assert meta.order is None and entries == lens
+    layers = got[0].shape[0]
+    # rope inside the decode kernel (no separate launch), or one fused RoPE-and-store launch a layer first
+    assert calls == {"backend": 0 if bs <= t.rope_in_kernel_max_bs else layers, "kernel": 0}
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("bs", list(REGIMES.values()), ids=list(REGIMES))
+def test_triton_decode_backend_matches_torch_backend_in_every_regime(monkeypatch, page_size, bs):
+    _check_triton_decode(monkeypatch, bs, page_size)
+
+
+@gpu
+@pytest.mark.parametrize("bs", [_T.small_tile_max_bs, _T.rope_in_kernel_max_bs + 1])
+def test_triton_decode_backend_without_qk_norm(monkeypatch, bs):
+    """A model without Qwen3's per-head norms (Llama): RoPE alone, in the kernel and before it."""
+    _check_triton_decode(monkeypatch, bs, 16, qk_norm=False)
+
+
+@gpu
+def test_the_thresholds_table_decides_the_decode_path(monkeypatch):
+    """Another table, another path, the same result: every batch at the large tile, one split, in
+    request order, RoPE launched first."""
+    plain = DecodeThresholds(small_tile_max_bs=0, rope_in_kernel_max_bs=0, longest_first_max_bs=0, one_split_min_bs=1)
+    _check_triton_decode(monkeypatch, 5, 16, thresholds=plain)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_triton_decode_backend_prefills_with_flashinfer_after_the_fused_rope_and_store(monkeypatch, page_size, qk_norm):
+    calls = _count_rope_launches(monkeypatch)
+    want, got, meta = against_torch(triton_decode(), PREFILL_SPECS, "prefill", page_size, qk_norm=qk_norm)
+    assert type(meta.wrapper).__name__ == "BatchPrefillWithPagedKVCacheWrapper"
+    assert calls["backend"] == got[0].shape[0]  # one launch a layer: norms, RoPE and the KV store
+    assert_matches_torch(want, got)
+
+
+@gpu
+@pytest.mark.parametrize("bs", [1, _T.rope_in_kernel_max_bs + 1])
+def test_triton_decode_backend_leaves_head_dim_256_decode_to_flashinfer(bs):
+    want, got, meta = against_torch(triton_decode(), decode_specs(bs), "decode", 16, d=256)
+    assert type(meta.wrapper).__name__ == "BatchDecodeWithPagedKVCacheWrapper"
+    assert_matches_torch(want, got)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("bs, padded", [(1, 1), (3, 4), (5, 8), (50, 56), (60, 64), (170, 176)])
+def test_triton_decode_replayed_from_a_cuda_graph_matches_torch_backend(page_size, bs, padded):
+    """Captured while every row is padding, replayed for a real batch padded to the captured size: the
+    entries, key counts and order live in the graph's fixed buffer, re-filled before each replay."""
+    want, got, meta = graph_against_torch(triton_decode(), decode_specs(bs), padded, page_size)
+    assert isinstance(meta, tdb.TritonDecodeMetadata) and meta.size == padded
+    assert_matches_torch(want, got)
+
+
+@gpu
+@pytest.mark.parametrize("n", [42, 101])  # padded to 48 (RoPE in the kernel) and to 104 (launched first)
+def test_many_requests_decode_through_the_kernel_in_graphs_like_the_torch_backend(tmp_path, n):
+    from test_ch17_flashinfer import assert_decode_logits_close, decode_logits, small_qwen3
+
+    model = small_qwen3(tmp_path)
+    rng = random.Random(3)
+    prompts = [[rng.randint(0, 2000) for _ in range(rng.choice([1, 2, 3, 50, 400, 1200]))] for _ in range(n)]
+    got, backend = decode_logits(model, prompts, "auto")
+    assert backend == "TritonDecodeAttnBackend"  # what "auto" builds on CUDA
+    want, _ = decode_logits(model, prompts, "torch")
+    assert_decode_logits_close(got, want, n)

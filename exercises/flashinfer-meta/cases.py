@@ -122,7 +122,7 @@ def engine_batches(obs: Obs) -> None:
     backend = engine.attn_backend
     ps = engine.page_size
     step = {"n": 0}
-    original_prepare, original_forward = backend.prepare_metadata, backend.forward
+    original_prepare, original_attend = backend.prepare_metadata, backend.attend
 
     def prepare_metadata(batch):
         original_prepare(batch)
@@ -144,15 +144,15 @@ def engine_batches(obs: Obs) -> None:
         batch._pages_as_slots = slots
         step["n"] += 1
 
-    def forward(q, k, v, layer_id, batch):
-        out = original_forward(q, k, v, layer_id, batch)
+    def attend(q, k, v, layer_id, batch):  # q rotated: what the kernel attends with
+        out = original_attend(q, k, v, layer_id, batch)
         if layer_id == 0 and batch.is_decode:
             kv = engine.kv_cache
             ours = _paged_decode(q, kv.k_cache(0), kv.v_cache(0), batch._pages_as_slots)
             obs.close(f"step {step['n'] - 1}: layer 0 attention read through your page list", ours)
         return out
 
-    backend.prepare_metadata, backend.forward = prepare_metadata, forward
+    backend.prepare_metadata, backend.attend = prepare_metadata, attend
     prompts = [[11, 12, 13, 14, 15], [30] * 9, [7], [11, 12, 13, 14, 15, 16, 17]]  # the last shares a prefix
     for p in prompts:
         sched.add_request(p, SamplingParams(max_tokens=5, ignore_eos=True))
