@@ -97,8 +97,17 @@ def plan(limits: Dict[Path, int], full: int) -> Dict[Path, int]:
         except OSError:
             return
         for e in entries:
+            if e.is_symlink():  # a rule binds to what a link points at: judge the target, or leave the link out
+                try:
+                    target = e.resolve(strict=True)
+                except (OSError, RuntimeError):
+                    continue
+                r = _rights_at(target, limits, full)
+                if r and not (target.is_dir() and holds_other(target, r)):
+                    rules[e] = r
+                continue
             r = _rights_at(e, limits, full)
-            if e.is_dir() and not e.is_symlink() and holds_other(e, r):
+            if e.is_dir() and holds_other(e, r):
                 walk(e)
             elif r:
                 rules[e] = r
