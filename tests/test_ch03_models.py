@@ -240,3 +240,61 @@ def test_scaled_rope_model_matches_transformers(kind, tmp_path):
     map_rows(engine.page_table, engine.page_size, [req], [len(ids)], engine.num_pages)
     got = engine_logits(engine, [req], "prefill")[0]
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+# ---- what the model asks of its attention backend ----------------------------------------------
+
+
+class _WholeSequenceBackend:
+    """Chapter 3's stand-in, recording its calls: nothing but `forward(q, k, v, layer_id, batch, qk)`,
+    which applies the layer's qk step and attends causally over one request's own tokens."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def forward(self, q, k, v, layer_id, batch, qk):
+        self.calls.append((layer_id, q.clone(), k.clone(), v.clone(), qk))
+        q, k = qk(batch.positions, q, k)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+        )
+        return o.transpose(0, 1)
+
+
+@pytest.mark.parametrize("path", TINY_MODELS, ids=_ids(TINY_MODELS))
+def test_attention_hands_the_backend_unrotated_q_k_v_and_its_qk_step(path):
+    """Chapter 3: the attention layer projects, splits and hands q, k, v (not yet normed or rotated)
+    with its qk-norm and RoPE to `attn_backend.forward`, the only backend method a model calls; a
+    backend that applies that step and attends gives transformers' logits."""
+    from minisgl.core import Context
+
+    model = _ours(path)
+    backend = _WholeSequenceBackend()
+    ctx = Context(page_size=1, attn_backend=backend)
+    ids = [5, 17, 42, 8, 99, 3]
+    batch = Batch(reqs=[make_req(ids, row=0)], phase="prefill", input_ids=torch.tensor(ids), positions=torch.arange(len(ids)),
+                  last_indices=torch.tensor([len(ids) - 1]))
+    set_global_ctx(ctx)
+    try:
+        with torch.inference_mode(), ctx.forward_batch(batch):
+            logits = model.forward()[0]
+    finally:
+        set_global_ctx(None)
+    with torch.inference_mode():
+        ref = hf_model(path)(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+
+    assert [c[0] for c in backend.calls] == list(range(model.config.num_layers))
+    layer = model.model.layers[0]
+    attn, p, d = layer.self_attn, layer.self_attn.qkv_proj, layer.self_attn.qkv_proj.head_dim
+    with torch.inference_mode():
+        x = layer.input_layernorm(model.model.embed_tokens(torch.tensor(ids)))
+        q, k, v = p(x).split([p.num_q_heads * d, p.num_kv_heads * d, p.num_kv_heads * d], dim=-1)
+    _, got_q, got_k, got_v, qk = backend.calls[0]
+    torch.testing.assert_close(got_q, q.view(len(ids), -1, d))  # as the projection left them
+    torch.testing.assert_close(got_k, k.view(len(ids), -1, d))
+    torch.testing.assert_close(got_v, v.view(len(ids), -1, d))
+    if model.qk_norm:
+        assert qk.q_norm is attn.q_norm and qk.k_norm is attn.k_norm
+    else:
+        assert qk.q_norm is None and qk.k_norm is None
