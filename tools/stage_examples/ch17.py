@@ -1,9 +1,19 @@
-"""Chapter 17: "auto" picks FlashInfer only on CUDA with FlashInfer installed; the CPU gets torch."""
+"""Chapter 17: "auto" picks FlashInfer only on CUDA with FlashInfer installed; the CPU gets torch.
+The triton-decode backend is chapter 19's: asked for by name here, the registry says so."""
 
 import torch
 
-from minisgl.attention.registry import resolve_backend_name
+from minisgl.attention.registry import TRITON_DECODE_MODULE, create_attention_backend, resolve_backend_name
+from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.utils import package_has
 
 assert resolve_backend_name("auto", torch.device("cpu")) == "torch"
 assert resolve_backend_name("flashinfer", torch.device("cpu")) == "flashinfer"  # an explicit choice is kept
+assert not package_has(TRITON_DECODE_MODULE)
+kv = MHAKVCache(1, 4, 1, 1, 8, torch.float32, torch.device("cpu"))
+try:
+    create_attention_backend("triton-decode", kv, torch.zeros(2, 4, dtype=torch.int32))
+    raise AssertionError("the package as of chapter 17 has no triton-decode backend")
+except ValueError as e:
+    assert "chapter 19" in str(e), e
 print("cuda:", resolve_backend_name("auto", torch.device("cuda")))
