@@ -1,4 +1,5 @@
-"""Chapter 5, attention backends: the torch backend over the paged pool equals naive attention.
+"""Chapter 5, attention backends: the torch backend over the paged pool equals naive attention,
+and the base class's `forward` is the plain sequence (the layer's qk-norm and RoPE, then `attend`).
 
 Oracle: per request, softmax(q k^T / sqrt(d)) v in float64 over the request's whole key sequence
 (the cached prefix read back from the pool plus the new tokens), with a causal mask and grouped
@@ -15,9 +16,12 @@ import torch
 
 from helpers import fill_batch, make_req, map_rows
 from minisgl.attention import create_attention_backend
+from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.torch_backend import TorchAttnBackend
 from minisgl.core import Batch
 from minisgl.kvcache import MHAKVCache
+from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
 CPU = torch.device("cpu")
 HQ, HKV, D = 4, 2, 16
@@ -119,3 +123,73 @@ def test_registry_picks_torch_on_cpu_and_rejects_unknown_names():
     assert isinstance(create_attention_backend("torch", pool, table), TorchAttnBackend)
     with pytest.raises(ValueError, match="unknown attention backend 'magic'"):
         create_attention_backend("magic", pool, table)
+
+
+# ---- the base class's forward is the plain sequence: qk (norms, RoPE), then attend ------------
+
+
+class _AttendOnly(BaseAttnBackend):
+    """A backend that writes only `prepare_metadata` and `attend` (both the torch backend's)."""
+
+    def __init__(self, inner: TorchAttnBackend) -> None:
+        self.inner = inner
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        self.inner.prepare_metadata(batch)
+
+    def attend(self, q, k, v, layer_id, batch):
+        return self.inner.attend(q, k, v, layer_id, batch)
+
+
+def _qk_step(qk_norm: bool) -> QKNormRope:
+    rotary = RotaryEmbedding(D, 64, 10000.0, None, CPU)
+    if not qk_norm:
+        return QKNormRope(rotary)
+    norms = [RMSNorm(D, 1e-6, dtype=torch.float32, device=CPU) for _ in range(2)]
+    for n in norms:
+        n.weight.copy_(torch.rand(D) + 0.5)
+    return QKNormRope(rotary, *norms)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk-norm-and-rope"])
+@pytest.mark.parametrize("phase,specs", [("prefill", [(8, 13), (0, 6), (3, 10)]), ("decode", [(12, 13), (1, 2), (6, 7)])])
+def test_base_forward_is_qk_then_attend(phase, specs, qk_norm):
+    """Chapter 5: the layers call `forward` with q and k as the projection left them; the base class
+    normalises and rotates them with the layer's `qk`, then calls `attend`, so a backend that writes
+    only `attend` computes attention over rotated queries and keys and stores the rotated keys."""
+    pool, table, inner, reqs, full_k, full_v, gen = setup(1, specs, seed=4)
+    qk = _qk_step(qk_norm)
+    positions = [torch.arange(t) for _, t in specs]
+    rotated_k = [qk(p, torch.zeros(len(p), HQ, D), k)[1] for p, k in zip(positions, full_k)]
+    for r, k, v in zip(reqs, rotated_k, full_v):  # an earlier step stored its prefix already rotated
+        slots = table[r.table_idx, : r.cached_len].long()
+        pool.store_kv(k[: r.cached_len], v[: r.cached_len], slots, 0)
+    batch = Batch(reqs=reqs, phase=phase)
+    fill_batch(batch, table)
+    backend = _AttendOnly(inner)
+    backend.prepare_metadata(batch)
+    new = lambda t: torch.cat([t[i][r.cached_len : r.device_len] for i, r in enumerate(reqs)])  # noqa: E731
+    q = torch.randn(batch.num_tokens, HQ, D, generator=gen)
+    out = backend.forward(q, new(full_k), new(full_v), 0, batch, qk)
+
+    q_rot, _ = qk(batch.positions, q, new(full_k))
+    start = 0
+    for i, r in enumerate(reqs):
+        n = r.extend_len
+        ref = naive_attention(q_rot[start : start + n], rotated_k[i], full_v[i], r.cached_len)
+        torch.testing.assert_close(out[start : start + n].double(), ref, rtol=1e-5, atol=1e-5)
+        slots = table[r.table_idx, : r.device_len].long()
+        torch.testing.assert_close(pool.k_cache(0)[slots], rotated_k[i])  # the pool holds rotated keys
+        start += n
+    # and the same numbers as rotating first and calling the torch backend's attend directly
+    q2, k2 = qk(batch.positions, q, new(full_k))
+    assert torch.equal(out, inner.attend(q2, k2, new(full_v), 0, batch))
+
+
+def test_a_backend_must_write_attend_and_prepare_metadata():
+    class _NoAttend(BaseAttnBackend):
+        def prepare_metadata(self, batch):
+            pass
+
+    with pytest.raises(TypeError, match="attend"):
+        _NoAttend()

@@ -1,6 +1,6 @@
 """Exercise attn-metadata (chapter 5): what the torch attention backend precomputes per batch.
 
-Write `TorchAttnBackend.prepare_metadata`. The metadata class, `forward` and the KV pool are the
+Write `TorchAttnBackend.prepare_metadata`. The metadata class, `attend` and the KV pool are the
 engine's. Grade with `python judge.py attn-metadata`.
 """
 
