@@ -1,4 +1,4 @@
-"""Cases for paged-alloc: page tables after scripted and random prefill/decode sequences, engine runs."""
+"""Cases for paged-alloc: page-table rows after scripted and random prefill/decode sequences, engine runs."""
 
 import random
 
@@ -10,10 +10,18 @@ from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import BaseCacheHandle
 
 
-def _run(obs: Obs, page_size: int, specs, steps: int, num_pages: int = 64, chunk: int = 10**9) -> None:
+def _run(obs: Obs, page_size: int, specs, steps: int, num_pages: int = 64, chunk: int = 10**9, width: int = 64) -> None:
     """specs: (prompt_len, max_tokens) per request; each step allocates for every live request
-    (prefill in chunks of `chunk`, then decode), as the scheduler does, and records the rows."""
-    table, cache = harness.managers(rows=len(specs), num_pages=num_pages, page_size=page_size, max_seq_len=64)
+    (prefill in chunks of `chunk`, then decode), as the scheduler does, and records the rows and
+    the pages asked of the free list."""
+    table, cache = harness.managers(rows=len(specs), num_pages=num_pages, page_size=page_size, max_seq_len=width)
+    take, asked = cache._take_pages, []
+
+    def take_pages(n: int) -> torch.Tensor:
+        asked.append(n)
+        return take(n)
+
+    cache._take_pages = take_pages
     reqs = []
     for uid, (plen, mx) in enumerate(specs):
         r = Req(torch.arange(plen, dtype=torch.int32), table.allocate(), 0, uid, SamplingParams(max_tokens=mx), BaseCacheHandle(0))
@@ -25,8 +33,10 @@ def _run(obs: Obs, page_size: int, specs, steps: int, num_pages: int = 64, chunk
         if not live:
             break
         before = snapshot([(r.cached_len, r.device_len) for r in live])
+        asked.clear()
         cache.allocate(live)
         obs.unchanged(f"step {step}: the requests' lengths", before, [(r.cached_len, r.device_len) for r in live])
+        obs.eq(f"step {step}: pages asked of take_pages, call by call", list(asked))
         for r in live:
             obs.eq(f"step {step}, request {r.uid}: page-table row for positions [0, device_len={r.device_len})", table.page_table[r.table_idx, : r.device_len])
         obs.eq(f"step {step}: free pages", cache.free_pages)
@@ -63,6 +73,11 @@ def three_ps4(obs: Obs) -> None:
 @case("chunked prefill, page size 4 (chunks of 6 tokens)", hint=2)
 def chunked(obs: Obs) -> None:
     _run(obs, 4, [(17, 3)], steps=8, chunk=6)
+
+
+@case("a request that ends at the table's width (12 columns, pages of 8)", hint=3)
+def at_width(obs: Obs) -> None:
+    _run(obs, 8, [(9, 3), (5, 8)], steps=8, width=12)
 
 
 @case("random requests and page sizes", seeds=4, hint=3)

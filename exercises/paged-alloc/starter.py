@@ -1,24 +1,27 @@
-"""Exercise paged-alloc (chapter 4): give requests KV slots, a page at a time.
+"""Exercise paged-alloc (chapter 4): give requests KV slots in their page-table rows, a page at a time.
 
-Write `CacheManager.allocate`. The free list, `_take_pages`, release and the prefix-cache side
-are the engine's. Grade with `python judge.py paged-alloc`.
+Write `TableManager.map_pages`. Before every forward pass the engine calls it for the batch
+(`CacheManager.allocate`), with `take_pages` handing out pages of its free list. Grade with
+`python judge.py paged-alloc`.
 """
 
-from typing import Iterable, List
+from typing import Callable, Sequence
 
 import torch
 
 from minisgl.core import Req
-from minisgl.scheduler.cache import CacheManager as EngineCacheManager
-from minisgl.utils import div_ceil
+from minisgl.scheduler.table import TableManager as EngineTableManager
 
 
-class CacheManager(EngineCacheManager):
-    def allocate(self, reqs: Iterable[Req]) -> None:
-        """Give every request slots for positions [cached_len, device_len) in its page-table row.
+class TableManager(EngineTableManager):
+    @staticmethod
+    def map_pages(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, take_pages: Callable[[int], torch.Tensor]) -> None:
+        """Give every request slots for positions [cached_len, device_len) in its row of `page_table`.
 
-        Positions below `cached_len` already have slots, and so does the rest of a page that is
-        already partly used. Take new pages with `self._take_pages(n)`, request by request, in
-        order; page p holds slots p * page_size ... p * page_size + page_size - 1.
+        A request holds whole pages: position i lives in the request's page i // page_size, at
+        slot page * page_size + i % page_size. `take_pages(n)` returns n free page ids (a CPU int64
+        tensor, front of the free list first); call it at most once, for the whole batch, and let
+        the requests take consecutive runs of those pages in the order given. Leave positions at
+        or past the table's width unwritten, and the requests unchanged.
         """
-        raise NotImplementedError("paged-alloc: write CacheManager.allocate")
+        raise NotImplementedError("paged-alloc: write TableManager.map_pages")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Iterable, List, Tuple
 
-import numpy as np
 import torch
 
 from minisgl.core import Req
 from minisgl.kvcache.base import BasePrefixCache, MatchResult
 from minisgl.utils import align_down, div_ceil
+
+from .table import TableManager
 
 
 class CacheManager:
@@ -64,38 +65,10 @@ class CacheManager:
         return pages
 
     def allocate(self, reqs: Iterable[Req]) -> None:
-        """Give every request slots for positions [cached_len, device_len) in its page-table row."""
-        ps = self.page_size
-        rows: List[int] = []
-        firsts: List[int] = []
-        counts: List[int] = []
-        for req in reqs:
-            first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)
-            if last > first:
-                rows.append(req.table_idx)
-                firsts.append(first)
-                counts.append(last - first)
-        if not rows:
-            return
-        # one allocation for the whole batch (requests take consecutive runs of the free list),
-        # then one scatter into the page table: a decode step touches every request
-        pages = self._take_pages(sum(counts)).numpy()
-        n = np.array(counts)
-        run_start = np.cumsum(n) - n
-        page_no = np.arange(len(pages)) - np.repeat(run_start - np.array(firsts), n)
-        offs = np.arange(ps)
-        pos = (page_no[:, None] * ps + offs).ravel()
-        slots = (pages[:, None] * ps + offs).ravel()
-        row = np.repeat(np.array(rows), n * ps)
-        keep = pos < self.page_table.shape[1]
-        if not keep.all():
-            pos, slots, row = pos[keep], slots[keep], row[keep]
-        dev = self.page_table.device
-        packed = torch.from_numpy(np.stack([row, pos, slots]).astype(np.int64))
-        if dev.type == "cuda":
-            packed = packed.pin_memory()
-        packed = packed.to(dev, non_blocking=True)
-        self.page_table[packed[0], packed[1]] = packed[2].to(torch.int32)
+        """Give every request slots for positions [cached_len, device_len) in its page-table row:
+        chapter 4's page mapping, with pages from the free list (evicting from the prefix cache
+        when the free list runs short)."""
+        TableManager.map_pages(self.page_table, list(reqs), self.page_size, self._take_pages)
 
     def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:
         """Page ids (CPU) of a run of whole pages' slots."""
