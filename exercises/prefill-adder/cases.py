@@ -43,7 +43,7 @@ def table_full(obs: Obs) -> None:
     _admit_queue(obs, table, cache, 100, 0, [harness.pending(0, range(10, 18), 4), harness.pending(1, range(30, 35), 4)])
 
 
-@case("the token budget cuts the second prompt into a chunk", hint=3)
+@case("the token budget cuts the second prompt into a chunk, then runs out", hint=3)
 def budget_cut(obs: Obs) -> None:
     table, cache = harness.managers(rows=4, num_pages=64)
     _admit_queue(obs, table, cache, 12, 0, [harness.pending(0, range(10, 18), 4), harness.pending(1, range(30, 45), 4), harness.pending(2, [7, 8], 2)])
@@ -55,7 +55,7 @@ def reserved(obs: Obs) -> None:
     _admit_queue(obs, table, cache, 100, 12, [harness.pending(0, range(10, 20), 5), harness.pending(1, range(30, 40), 5)])
 
 
-@case("a prefix-cache hit is reused, locked, and released when the request is refused", hint=4)
+@case("a prefix-cache hit: its pages are not new, and a refused request leaves the cache as it was", hint=2)
 def prefix_hit(obs: Obs) -> None:
     table, cache = harness.managers(rows=4, num_pages=24, page_size=2)
     harness.cache_prefix(cache, list(range(10, 22)))
@@ -63,7 +63,7 @@ def prefix_hit(obs: Obs) -> None:
     _admit_queue(obs, table, cache, 100, 0, [harness.pending(0, list(range(10, 22)) + [5, 6, 7], 3), harness.pending(1, list(range(40, 48)) + [9] * 9, 30)])
 
 
-@case("a prompt sharing 16+ uncached tokens with one already in the batch waits; a cached share does not count", hint=5)
+@case("prompts sharing a chat template (the engine makes a prompt wait when the batch already computes its template)", hint=3)
 def shared_prefix_waits(obs: Obs) -> None:
     table, cache = harness.managers(rows=6, num_pages=96, page_size=2)
     template = list(range(100, 120))  # 20 tokens, as a chat template would be

@@ -22,7 +22,7 @@ from typing import Deque, Dict, List, Optional, Sequence
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, BaseCacheHandle, Req, SamplingParams
 from minisgl.utils import align_up, div_ceil
 
 from .cache import CacheManager
@@ -80,30 +80,43 @@ class PrefillAdder:
         return req
 
     def try_admit(self, pending: PendingReq) -> Optional[Req]:
-        if self.table.available_size == 0 or self.token_budget <= 0:
-            return None
+        """Admit `pending` into this batch, or return None and change nothing. Around `admit`
+        (chapter 7's decision), the prefix cache's part: reuse the longest cached prefix, locked
+        while the request runs, and wait a step for a prefix a prompt of this batch computes."""
         handle, indices = self.cache.match(pending.input_ids)
         if self.computes_prefix_of(pending.input_ids, handle.cached_len):
             return None  # next step the prefix is cached
-        self.cache.lock(handle)
+        self.cache.lock(handle)  # locked, the prefix's pages leave `available_pages`
+        req = self.admit(pending, handle)
+        if req is None:
+            self.cache.lock(handle, unlock=True)
+            return None
+        if handle.cached_len:
+            self.table.page_table[req.table_idx, : handle.cached_len] = indices.to(torch.int32)
+        self.note_admitted(req)
+        return req
+
+    def admit(self, pending: PendingReq, prefix: BaseCacheHandle) -> Optional[Req]:
+        """Admit `pending`, whose first `prefix.cached_len` tokens already have KV, if a table row
+        is free, some token budget is left, and the pool can hold the request to its end on top of
+        the pages promised to requests admitted before (`reserved_pages`); else return None and
+        change nothing. The request computes as much of the rest of its prompt as the budget allows."""
+        if self.table.available_size == 0 or self.token_budget <= 0:
+            return None
         prompt_len = len(pending.input_ids)
         max_len = prompt_len + pending.sampling_params.max_tokens
         ps = self.cache.page_size
-        need = div_ceil(max_len - 1, ps) - handle.cached_len // ps
+        need = div_ceil(max_len - 1, ps) - prefix.cached_len // ps
         if self.cache.available_pages < self.reserved_pages + need:
-            self.cache.lock(handle, unlock=True)
             return None
         row = self.table.allocate()
-        req = Req(pending.input_ids, row, handle.cached_len, pending.uid, pending.sampling_params, handle, pending.seed)
-        req.device_len = handle.cached_len + min(prompt_len - handle.cached_len, self.token_budget)
+        req = Req(pending.input_ids, row, prefix.cached_len, pending.uid, pending.sampling_params, prefix, pending.seed)
+        req.device_len = prefix.cached_len + min(prompt_len - prefix.cached_len, self.token_budget)
         req.check()
         dev = self.table.token_pool.device
         self.table.token_pool[row, :prompt_len] = pending.input_ids.to(dev, non_blocking=True)
-        if handle.cached_len:
-            self.table.page_table[row, : handle.cached_len] = indices.to(torch.int32)
         self.token_budget -= req.extend_len
         self.reserved_pages += need
-        self.note_admitted(req)
         return req
 
 
