@@ -1,5 +1,5 @@
-"""Cases for overlap-loop: token events and step traces of the scheduler, with and without overlap,
-JSON-constrained requests (the grammar needs each token before the next step) and log-probabilities."""
+"""Cases for overlap-loop: token events and step traces of the scheduler, with and without overlap;
+the engine's JSON grammars and log-probabilities must keep working around the learner's loop."""
 
 import json
 import random
@@ -67,6 +67,11 @@ def stop_token(obs: Obs) -> None:
     _run(obs, [[11, 12, 13], [21, 22]], [SamplingParams(max_tokens=6, stop_token_ids=(stop,)), SamplingParams(max_tokens=6, ignore_eos=True)], overlap=True)
 
 
+@case("a long prompt prefilled in chunks beside decoding requests, overlap on", hint=3)
+def chunks(obs: Obs) -> None:
+    _run(obs, [[11, 12], list(range(30, 44)), [21, 22, 23]], [SamplingParams(max_tokens=5, ignore_eos=True)] * 3, overlap=True, budget=6)
+
+
 @case("an abort while the request's batch is in flight", hint=3)
 def abort(obs: Obs) -> None:
     _run(obs, [[11, 12, 13], [21, 22], [31]], [SamplingParams(max_tokens=6, ignore_eos=True)] * 3, overlap=True, aborts={3: 1})
@@ -77,14 +82,14 @@ def abort(obs: Obs) -> None:
 OK_SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False})
 
 
-@case("JSON-constrained requests beside a plain one, overlap on", hint=4, timeout_s=120)
+@case("JSON-constrained requests beside a plain one, overlap on (the engine reads before scheduling)", hint=2, timeout_s=120)
 def json_constrained(obs: Obs) -> None:
     params = [SamplingParams(max_tokens=24, json_mode="schema", json_schema=OK_SCHEMA), SamplingParams(max_tokens=12, ignore_eos=True),
               SamplingParams(max_tokens=6, json_mode="object")]
     _run(obs, [[11, 12, 13], [21, 22], [31, 32, 33, 34]], params, overlap=True)
 
 
-@case("log-probabilities of every output token, overlap on", hint=4)
+@case("log-probabilities of every output token, overlap on (the engine attaches them in accept_token)", hint=3)
 def logprobs(obs: Obs) -> None:
     params = [SamplingParams(max_tokens=5, ignore_eos=True, logprobs=3), SamplingParams(max_tokens=3, ignore_eos=True),
               SamplingParams(max_tokens=6, ignore_eos=True, logprobs=0, temperature=0.8, seed=7)]

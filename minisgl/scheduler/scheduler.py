@@ -56,6 +56,15 @@ class ForwardResult:
     done: Optional[torch.cuda.Event]
     uids: frozenset = field(default_factory=frozenset)
     logprobs: Optional[SamplerOutput] = None  # host copies of the log-probabilities, when asked
+    _logprob_lists: Optional[tuple] = field(default=None, repr=False)
+
+    def logprob_lists(self) -> tuple:
+        """(chosen logprob per row, top ids per row, top logprobs per row) as Python lists,
+        converted once per batch (after `done`)."""
+        if self._logprob_lists is None:
+            out = self.logprobs
+            self._logprob_lists = (out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist())
+        return self._logprob_lists
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -64,11 +73,6 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return host.copy_(t, non_blocking=True)
-
-
-def _logprob_lists(out: SamplerOutput) -> tuple:
-    """(chosen logprob per row, top ids per row, top logprobs per row) as Python lists."""
-    return out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()
 
 
 class Scheduler:
@@ -98,6 +102,13 @@ class Scheduler:
         if self.grammar.active:  # a grammar's next bitmask needs the last token on the host
             for older in list(self.unprocessed):
                 self.process_results(older)
+        self.launch_and_read()
+        if self.config.check_integrity:
+            self.check_integrity()
+
+    def launch_and_read(self) -> None:
+        """Schedule and launch the next batch, then read launched results: with overlap, every
+        one but the batch just launched (batch N is read while N+1 runs); without, its own."""
         batch = self.schedule_next_batch()
         result = self.launch(batch) if batch is not None else None
         if self.config.overlap:
@@ -106,8 +117,6 @@ class Scheduler:
                 self.process_results(older)
         elif result is not None:
             self.process_results(result)
-        if self.config.check_integrity:
-            self.check_integrity()
 
     @property
     def is_idle(self) -> bool:
@@ -246,24 +255,34 @@ class Scheduler:
 
     # ---- process results --------------------------------------------------------------------
     def process_results(self, result: ForwardResult) -> None:
+        """Read one launched batch: wait for its tokens and give each request its own. A request
+        that finished after the batch was launched gets nothing, and is freed once no launched
+        batch refers to it; a prompt chunk's token is thrown away."""
         self.unprocessed.remove(result)
         if result.done is not None:
             result.done.synchronize()
         tokens = result.next_tokens.tolist()
-        logprobs = _logprob_lists(result.logprobs) if result.logprobs is not None else None
         for i, (req, sampled, token) in enumerate(zip(result.batch.reqs, result.sampled, tokens)):
             if req.finished:  # finished earlier (or aborted); this step's work is thrown away
                 self._free_if_idle(req)
                 continue
             if not sampled:
                 continue
-            req.append_host(token)
-            if logprobs is not None and req.sampling_params.logprobs >= 0:
-                req.append_logprobs(logprobs[0][i], tuple(zip(logprobs[1][i], logprobs[2][i]))[: req.sampling_params.logprobs])
-            reason = self._finish_reason(req, token)
-            self.on_token(req, token, reason)
-            if reason is not None:
-                self._finish(req, reason, notify=False)
+            self.accept_token(result, i, token)
+
+    def accept_token(self, result: ForwardResult, i: int, token: int) -> None:
+        """The `i`-th request of `result`'s batch receives `token`: append it on the host (with
+        its log-probabilities, when the request asked for them), tell `on_token`, and finish the
+        request if the token ends it."""
+        req = result.batch.reqs[i]
+        req.append_host(token)
+        if result.logprobs is not None and req.sampling_params.logprobs >= 0:
+            chosen, top_ids, top_logprobs = result.logprob_lists()
+            req.append_logprobs(chosen[i], tuple(zip(top_ids[i], top_logprobs[i]))[: req.sampling_params.logprobs])
+        reason = self._finish_reason(req, token)
+        self.on_token(req, token, reason)
+        if reason is not None:
+            self._finish(req, reason, notify=False)
 
     def _finish_reason(self, req: Req, token: int) -> Optional[str]:
         sp = req.sampling_params
