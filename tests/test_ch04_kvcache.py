@@ -2,17 +2,21 @@
 
 Claims: the pool is one tensor `[2, layers, pages * page_size, kv_heads, head_dim]` addressed by
 slot; `store_kv` writes exactly the slots it is given; table rows are handed out and taken back
-exactly once; the engine sizes its page table `[max_running_reqs + 1, max_seq_len]` with a last
+exactly once; `TableManager.map_pages` gives a batch's new positions slots in whole pages, as
+a position-by-position reference does; the engine sizes its page table `[max_running_reqs + 1, max_seq_len]` with a last
 dummy row pointing at a dummy page, and refuses configurations that cannot hold one context.
 """
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
 from helpers import TINY_QWEN3, build_engine
 from minisgl.engine import EngineConfig
+from minisgl.core import BaseCacheHandle, Req, SamplingParams
 from minisgl.kvcache import MHAKVCache
 from minisgl.scheduler.table import TableManager
 
@@ -43,6 +47,51 @@ def test_store_kv_writes_only_the_given_slots_of_the_given_layer():
     untouched[loc] = False
     assert pool.k_cache(1)[untouched].abs().sum() == 0 and pool.v_cache(1)[untouched].abs().sum() == 0
     assert pool.buffer[:, 0].abs().sum() == 0  # the other layer is untouched
+
+
+# ---- the page-table write ----------------------------------------------------------------------
+def _naive_map(table: torch.Tensor, spans, page_size: int, free: list) -> list:
+    """Position by position: a position that starts a page takes the next free page."""
+    asked = 0
+    for row, cached, device in spans:
+        for pos in range(cached, device):
+            if pos % page_size == 0:
+                page, asked = free.pop(0), asked + 1
+                for k in range(page_size):
+                    if pos + k < table.shape[1]:
+                        table[row, pos + k] = page * page_size + k
+    return asked
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_map_pages_matches_a_position_by_position_reference(seed):
+    rng = random.Random(seed)
+    ps, width, rows = rng.choice([1, 2, 4, 8]), rng.choice([16, 21, 32]), rng.randint(1, 5)
+    fast, slow = torch.full((rows + 1, width), -1, dtype=torch.int32), torch.full((rows + 1, width), -1, dtype=torch.int32)
+    free = list(range(200))
+    reqs = []
+    for row in range(rows):
+        r = Req(torch.arange(rng.randint(1, width - 2), dtype=torch.int32), row, 0, row, SamplingParams(max_tokens=width), BaseCacheHandle(0))
+        r.device_len = rng.randint(1, r.prompt_len)
+        reqs.append(r)
+    for _ in range(12):  # each step computes 1 to 4 more positions of each request (prefill chunks, decode)
+        live = [r for r in reqs if r.device_len <= width]
+        spans = [(r.table_idx, r.cached_len, r.device_len) for r in live]
+        calls = []
+
+        def take(n):
+            calls.append(n)
+            pages, free[:] = free[:n], free[n:]
+            return torch.tensor(pages, dtype=torch.int64)
+
+        expected_pages = free.copy()
+        TableManager.map_pages(fast, live, ps, take)
+        asked = _naive_map(slow, spans, ps, expected_pages)
+        assert calls == ([asked] if asked else [])  # one call for the batch, with the total
+        assert torch.equal(fast, slow)
+        assert [(r.table_idx, r.cached_len, r.device_len) for r in live] == spans  # requests untouched
+        for r in live:
+            r.cached_len, r.device_len = r.device_len, r.device_len + rng.randint(1, 4)
 
 
 # ---- table rows ------------------------------------------------------------------------------
