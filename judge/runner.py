@@ -34,6 +34,7 @@ STOPPED_S = 1.0  # a worker stopped (SIGSTOP) this long is ended: a stopped proc
 POLL_S = 0.05
 SPAWN_S = 60.0  # a fork server that takes longer to start a worker is replaced
 TREE_EVERY = 20  # polls between measurements of the memory of everything a worker started
+MAX_PROCS = 64  # processes a worker may have running at once (with itself): more is a fork bomb
 MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
 with full_engine():  # a notebook may have staged a chapter's package that predates env.py
@@ -356,6 +357,13 @@ def _case_event(raw: Dict[str, Any]) -> Dict[str, Any]:
     return event
 
 
+_TOO_MANY = f"started more than {MAX_PROCS} processes at once (a fork bomb?); all of them were ended"
+
+
+def _fork_bomb(pid: int) -> bool:
+    return len(procs.descendants([pid], procs.table())) > MAX_PROCS
+
+
 def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_limit=STARTUP_S):
     """Follow the event file until the process ends. Returns (stopped early, result of a kill)."""
     timeouts = {c.id: c.timeout_s for c in remaining}
@@ -378,6 +386,9 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             if kind == "fatal":
                 report.fatal = {"status": failure_status(event.get("kind")), "error": str(event.get("error") or "")}
             elif kind == "ready":
+                if _fork_bomb(proc.pid):
+                    report.fatal = {"status": Status.ERROR, "error": _TOO_MANY}
+                    return False, None
                 fp, skipped = event.get("fingerprint"), event.get("skipped")
                 report.fingerprint = {str(k): str(v) for k, v in fp.items()} if isinstance(fp, dict) else {}
                 report.skipped = [str(x) for x in skipped] if isinstance(skipped, list) else []
@@ -388,6 +399,8 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             elif kind == "start" and event.get("case") in timeouts:
                 current, started_at = event["case"], time.monotonic()
             elif kind == "done" and event.get("case") in timeouts:
+                if _fork_bomb(proc.pid):  # the case's processes are still there: its result does not count
+                    return False, _ended(Status.ERROR, _TOO_MANY, time.monotonic() - started_at)
                 finished, current = event["case"], None
                 report.results[finished] = _case_event(event)
                 if on_done is not None and on_done(finished, report.results[finished]):
@@ -418,7 +431,14 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
         polls += 1
         used = procs.rss_bytes(proc.pid)
         if polls % TREE_EVERY == 0:
-            used = max(used, procs.tree_memory([proc.pid]))
+            tree = procs.descendants([proc.pid], procs.table())
+            if len(tree) > MAX_PROCS:
+                result = _ended(Status.ERROR, _TOO_MANY, now - started_at)
+                if current is None:
+                    report.fatal = {k: result[k] for k in ("status", "error")}
+                    return False, None
+                return False, result
+            used = max(used, sum(procs.pss_bytes(pid) for pid in tree))
         if used > limit:
             result = _ended(Status.OOM, f"used more than {limit / 2**30:.1f} GiB of memory (with any processes it started)", now - started_at)
             if current is None:

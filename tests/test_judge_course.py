@@ -261,7 +261,10 @@ def test_grade_all_grades_a_class(tmp_path: Path, capsys) -> None:
     subs = tmp_path / "submissions"
     files = {"ada": SOLUTION.read_text(), "bob": STARTER.read_text(),
              "hang": SOLUTION.read_text().replace(BODY, "        while self.prompt_len == 10:\n            pass\n" + BODY),
-             "crash": "import os\nos._exit(3)\n" + SOLUTION.read_text()}
+             "crash": "import os\nos._exit(3)\n" + SOLUTION.read_text(),
+             # a fork bomb, bounded: every process forks, eight times over (256), and the copies sleep
+             "forks": "import os, time\n_main = os.getpid()\nfor _ in range(8):\n    os.fork()\n"
+                      "if os.getpid() != _main:\n    time.sleep(600)\n    os._exit(0)\n" + SOLUTION.read_text()}
     files.update({f"wrong-{name}": path.read_text() for name, path in WRONG.items()})
     for learner, text in files.items():
         (subs / learner).mkdir(parents=True)
@@ -289,6 +292,7 @@ def test_grade_all_grades_a_class(tmp_path: Path, capsys) -> None:
         assert any(r["verdict"] != "pass" for r in by[f"wrong-{name}"]), (name, by[f"wrong-{name}"])
     assert "timeout" in {r["verdict"] for r in by["hang"]} and any(r["verdict"] == "pass" for r in by["hang"])
     assert {r["verdict"] for r in by["crash"]} <= {"error", "not run"} and by["crash"][0]["verdict"] == "error"
+    assert any(r["verdict"] == "error" and "fork bomb" in r["reason"] for r in by["forks"]), by["forks"]
     assert [(r["verdict"], r["score"]) for r in by["missing"]] == [("missing", "0.0")] and "no req-lengths.py" in by["missing"][0]["reason"]
     assert by["garbled"][0]["verdict"] == "unreadable" and "not a readable notebook" in by["garbled"][0]["reason"]
     assert all(float(r["max_score"]) > 0 and float(r["seconds"]) >= 0 for r in rows)
