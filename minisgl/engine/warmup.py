@@ -4,17 +4,15 @@ Triton's), which would otherwise land on the first requests' time to first token
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
-from minisgl.utils.logger import get_logger
-
-if TYPE_CHECKING:
-    from .engine import Engine
-
-logger = get_logger(__name__)
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.core import Batch, Context, Req, SamplingParams
+from minisgl.engine.config import EngineConfig
+from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.models.llama import CausalLM
 
 # Triton specialises an integer argument on being 1 and on being a multiple of 16: one prompt of
 # each kind of length compiles every variant a real one can need; and a batch as wide as a busy
@@ -22,7 +20,21 @@ logger = get_logger(__name__)
 WARMUP_PROMPT_LENS = (1, 16, 17) + (24,) * 61
 
 
-def warm_up(engine: "Engine", prompt_lens: Sequence[int] = WARMUP_PROMPT_LENS) -> float:
+class WarmupHost(Protocol):
+    """What `warm_up` uses of the `Engine` (named here, not imported: the engine imports this module)."""
+
+    config: EngineConfig
+    device: torch.device
+    page_size: int
+    dummy_page: int
+    page_table: torch.Tensor
+    kv_cache: MHAKVCache
+    attn_backend: BaseAttnBackend
+    ctx: Context
+    model: CausalLM
+
+
+def warm_up(engine: WarmupHost, prompt_lens: Sequence[int] = WARMUP_PROMPT_LENS) -> float:
     """Run one eager prefill batch (one request per length in `prompt_lens`) on the page table's
     dummy row; its KV writes go to the dummy page, which is zeroed again afterwards. Decode kernels
     are compiled by CUDA-graph capture. Returns the seconds it took."""
