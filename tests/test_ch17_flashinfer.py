@@ -265,17 +265,21 @@ def test_decode_replayed_from_a_cuda_graph_matches_torch_backend(page_size, bs, 
 
 # ---- which kernel decodes: the chapter's claim against the backends (GPU) ------------------------
 def _decode_routes(make, d: int, max_bs: int = 160) -> dict:
-    """For every decode batch size up to `max_bs`, eager and as a graph replay: the metadata's type
-    and, for FlashInfer's, whether its wrapper is a decode wrapper."""
+    """For every decode batch size up to `max_bs`, eager and as a graph replay (padded to the engine's
+    ladder of captured sizes): the metadata's type and its wrapper's, if it has one."""
+    from minisgl.engine.graph import graph_batch_sizes
+
     kv, table = make_pool(decode_specs(max_bs), 16, d, layers=1)
     batch = make_batch(kv, table, decode_specs(max_bs), "decode")
     backend = make(kv, table)
-    backend.init_capture_graph(max_bs, list(range(1, max_bs + 1)))
+    ladder = graph_batch_sizes(max_bs)
+    backend.init_capture_graph(max_bs, ladder)
     routes = {}
     for bs in range(1, max_bs + 1):
         sub = Batch(batch.reqs[:bs], "decode", positions=batch.positions[:bs], out_loc=batch.out_loc[:bs], padded_size=bs)
         backend.prepare_metadata(sub)
         eager = sub.attn_metadata
+        sub.padded_size = min(size for size in ladder if size >= bs)
         backend.prepare_for_replay(sub)
         for how, meta in (("eager", eager), ("graph", sub.attn_metadata)):
             wrapper = getattr(meta, "wrapper", None)
