@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -96,8 +97,6 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
     """From here on, this process (the learner's code) cannot read the recorded references, the
     judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
     from judge import registry, sandbox
-
-    import tempfile
 
     # temporary files go to the job's own folder, writable whatever else is closed
     os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job["out"]).parent)

@@ -36,6 +36,7 @@ class EnvSwitches:
     model: str = field(default="", metadata=_var("model directory used when none is given (default: the bundled SmolLM2-135M-Instruct)"))
     tp_timeout: float = field(default=300.0, metadata=_var("seconds a tensor-parallel collective waits for a peer before it fails"))
     log_level: str = field(default="WARNING", metadata=_var("level of the `minisgl` loggers: DEBUG, INFO, WARNING or ERROR"))
+    cpu_kv_budget_gb: float = field(default=0.5, metadata=_var("GiB the KV pool may take on the CPU (default 0.5: a full 8,192-token context of the bundled model in float32)"))
     # the workbook around the engine
     num_threads: int = field(default=1, metadata=_var("CPU threads a chapter notebook gives torch"))
     judge_fork: bool = field(default=True, metadata=_var("the judge forks its workers from a preloaded process (0: a fresh interpreter each)"))

@@ -158,7 +158,7 @@ def test_a_client_that_hangs_up_is_aborted_at_once(server, stream):
         hang_up_after(server, CHAT, long_chat, 1.5)
     assert server.health()["running_requests"] == 1, "the request ended before its client hung up"
     took = wait_for(lambda: server.health()["live_requests"] == 0, 10)
-    assert took < 2.0, f"the request ran on {took:.2f} s after its client hung up"
+    assert took < 3.0, f"the request ran on {took:.2f} s after its client hung up"
     assert server.health()["aborted_requests"] == before + 1
     assert_all_free(server)
 
@@ -233,5 +233,5 @@ def test_sigterm_after_all_of_the_above_exits_at_once(server):
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     server.proc.wait(30)
-    assert time.monotonic() - t0 < 8, "the drain waited for a request nobody is waiting for (drain time 20 s)"
+    assert time.monotonic() - t0 < 12, "the drain waited for a request nobody is waiting for (drain time 20 s)"
     assert server.proc.returncode == 0

@@ -95,7 +95,8 @@ def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, obj
                 for index, cell in enumerate(nb.cells):
                     client.execute_cell(cell, index)
         except CellExecutionError as e:
-            error = f"cell {index}: {e.ename}: {(e.evalue or '').strip().splitlines()[-1:]}"
+            last = (e.evalue or "").strip().splitlines()
+            error = f"cell {index}: {e.ename}: {last[-1] if last else ''}"
         except CellTimeoutError:
             error = f"cell {index}: timed out after {cell_timeout} s"
         except DeadKernelError:

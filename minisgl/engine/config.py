@@ -32,7 +32,8 @@ class EngineConfig:
         "aliases": ("num_page_override",), "help": "KV pool size in pages; default: sized from the memory budget"})
     memory_fraction: float = field(default=0.9, metadata={
         "aliases": ("memory_ratio",), "help": "share of free GPU memory (after the weights) given to the KV pool"})
-    cpu_kv_budget_gb: float = field(default=1.0, metadata={"help": "KV pool size on the CPU, in GiB"})
+    cpu_kv_budget_gb: float = field(default_factory=lambda: ENV.cpu_kv_budget_gb, metadata={
+        "help": "most GiB the KV pool takes on the CPU; default: $MINISGL_CPU_KV_BUDGET_GB, else 0.5"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch, flashinfer or triton-decode"})
     use_cuda_graph: bool = field(default_factory=lambda: not ENV.disable_cuda_graph, metadata={
         "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless MINISGL_DISABLE_CUDA_GRAPH=1"})

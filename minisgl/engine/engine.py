@@ -91,9 +91,11 @@ class Engine:
             budget = int(cfg.cpu_kv_budget_gb * (1 << 30))
         pages = min(budget // per_page, useful)
         if pages * self.page_size < self.max_seq_len:
+            more = ("raise memory_fraction" if self.device.type == "cuda"
+                    else "raise cpu_kv_budget_gb (--cpu-kv-budget-gb, or MINISGL_CPU_KV_BUDGET_GB)")
             raise MemoryError(
                 f"the KV budget holds only {pages * self.page_size} tokens, less than one full context "
-                f"({self.max_seq_len}); give it more memory or lower max_seq_len"
+                f"({self.max_seq_len}); {more} or lower max_seq_len"
             )
         logger.info("KV pool: %d pages of %d tokens, %.2f GB", pages, self.page_size, pages * per_page / 2**30)
         return pages
