@@ -36,14 +36,16 @@ class _Linear(BaseOP):
 
 
 class LinearReplicated(_Linear):
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype,
+                 device: torch.device):
         super().__init__(out_features, in_features, bias, dtype, device)
 
 
 class LinearColParallelMerged(_Linear):
     """`[x @ A_0^T | x @ A_1^T | ...]` with each `A_i`'s rows split evenly across ranks."""
 
-    def __init__(self, in_features: int, out_sizes: List[int], *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, in_features: int, out_sizes: List[int], *, bias: bool = False, dtype: torch.dtype,
+                 device: torch.device):
         tp = get_tp_info().size
         for s in out_sizes:
             if s % tp:
@@ -64,7 +66,8 @@ class LinearQKVMerged(_Linear):
     """Q, K and V projections in one matrix. Rank r holds query heads `[r*hq, (r+1)*hq)` and the
     KV heads they attend to; with fewer KV heads than ranks, ranks share (replicate) KV heads."""
 
-    def __init__(self, hidden: int, head_dim: int, num_q_heads: int, num_kv_heads: int, *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, hidden: int, head_dim: int, num_q_heads: int, num_kv_heads: int, *, bias: bool = False,
+                 dtype: torch.dtype, device: torch.device):
         tp = get_tp_info().size
         if num_q_heads % tp != 0:
             raise ValueError(f"{num_q_heads} attention heads cannot be split over {tp} ranks")
@@ -86,7 +89,8 @@ class LinearQKVMerged(_Linear):
 
 
 class LinearRowParallel(_Linear):
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype,
+                 device: torch.device):
         tp = get_tp_info().size
         if in_features % tp:
             raise ValueError(f"input size {in_features} does not split over {tp} ranks")
