@@ -3,11 +3,20 @@ over pytest-xdist workers (`make test` runs `-n <cores> --dist loadfile`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Under pytest-xdist the cores are shared out between the workers: torch's default of one thread a
+# core in every worker (and in the servers and kernels they start) oversubscribes them, and its
+# threads spin while they wait. Set before torch is imported; an explicit OMP_NUM_THREADS wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _CORES // _WORKERS)))
 
 
 def models_dir() -> Path:

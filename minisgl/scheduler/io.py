@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional
 
-from minisgl.core import Batch, InvalidRequestError, Req
+from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
 from minisgl.message import (
     AbortMsg,
     BatchMsg,
@@ -66,37 +66,52 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
 
     # ---- requests in -------------------------------------------------------------------------
     def receive(self, timeout_s: Optional[float]) -> List[Any]:
-        """Everything waiting. With nothing to run, block (up to `timeout_s`) for the first one."""
-        if timeout_s is not None and not self.recv_queue.socket.poll(int(timeout_s * 1000)):
-            return []
-        return self.recv_queue.get_nowait()
+        """Everything waiting. With nothing to run, block (up to `timeout_s`) for the first one.
+        JSON requests whose grammar finished compiling beside the loop join the queue here."""
+        aside = self.grammar.aside
+        if aside is not None and aside.busy and timeout_s is not None:
+            timeout_s = min(timeout_s, 0.01)  # a compile may finish any moment: do not sleep through it
+        got = [] if timeout_s is not None and not self.recv_queue.socket.poll(int(timeout_s * 1000)) else self.recv_queue.get_nowait()
+        for (ids, params, uid), error in self.grammar.compiled():
+            try:
+                if error is not None:
+                    raise InvalidRequestError(error)
+                super().add_request(ids, params, uid)
+            except InvalidRequestError as e:
+                self.outbox.append(SchedulerErrorMsg(uid, str(e)))
+        return got
+
+    def add_request(self, input_ids: Any, params: SamplingParams, uid: Optional[int] = None) -> int:
+        """On a server, a JSON request first has its grammar compiled beside the loop (`receive`
+        adds it once that is done); every other request is added at once."""
+        if self.grammar.aside is None or params.json_mode == "off" or uid is None:
+            return super().add_request(input_ids, params, uid)
+        self.grammar.aside.submit(uid, params, (input_ids, params, uid))
+        return uid
+
+    def abort_request(self, uid: int) -> None:
+        if self.grammar.aside is not None and self.grammar.aside.cancel(uid):
+            self.on_finish_unstarted(uid, "abort")  # still compiling: it never reached the queue
+        else:
+            super().abort_request(uid)
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, BatchMsg):
             for m in msg.msgs:
                 self.handle(m)
         elif isinstance(msg, UserMsg):
-            if self.grammar.aside is not None and msg.sampling_params.json_mode != "off":
-                self.grammar.aside.submit(msg.uid, msg.sampling_params, msg)  # added once compiled, see run_forever
-            else:
-                self._add(msg)
+            try:
+                self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)
+            except InvalidRequestError as e:
+                self.outbox.append(SchedulerErrorMsg(msg.uid, str(e)))
         elif isinstance(msg, AbortMsg):
-            if self.grammar.aside is not None and self.grammar.aside.cancel(msg.uid):
-                self.on_finish_unstarted(msg.uid, "abort")
-            else:
-                self.abort_request(msg.uid)
+            self.abort_request(msg.uid)
         elif isinstance(msg, StatusQuery):
             self.outbox.append(self.status(msg.uid))
         elif isinstance(msg, ExitMsg):
             self.running = False
         else:
             raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
-
-    def _add(self, msg: UserMsg) -> None:
-        try:
-            self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)
-        except InvalidRequestError as e:
-            self.outbox.append(SchedulerErrorMsg(msg.uid, str(e)))
 
     def _integrity_ok(self) -> bool:
         """The full check walks every page (~0.5 s for a CPU pool of 500k pages), so it runs only
@@ -137,17 +152,11 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         try:
             while self.running:
                 # idle: wait for work (waking each second to notice a dead parent); busy: just peek
-                compiling = self.grammar.aside is not None and self.grammar.aside.busy
-                msgs = self.receive(0.0 if not self.is_idle else 0.01 if compiling else 1.0)
+                msgs = self.receive(1.0 if self.is_idle else 0.0)
                 if not msgs and self.is_idle and parent_pid is not None and os.getppid() != parent_pid:
                     return
                 for msg in msgs:
                     self.handle(msg)
-                for msg, error in self.grammar.compiled():  # JSON requests whose grammar is ready
-                    if error is None:
-                        self._add(msg)
-                    else:
-                        self.outbox.append(SchedulerErrorMsg(msg.uid, error))
                 if not self.is_idle:
                     self.step()
                 self.flush()
