@@ -71,15 +71,19 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
             raise InvalidRequestError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-            raise InvalidRequestError(f"stop_token_ids must be a tuple of token ids (integers >= 0), got {self.stop_token_ids!r}")
+            raise InvalidRequestError("stop_token_ids must be a tuple of token ids (integers >= 0), got "
+                                      f"{self.stop_token_ids!r}")
         _in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        if isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float)) or not 0 < self.repetition_penalty < float("inf"):
-            raise InvalidRequestError(f"repetition_penalty must be a number > 0 (1 is off), got {self.repetition_penalty!r}")
+        rp = self.repetition_penalty
+        if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp < float("inf"):
+            raise InvalidRequestError("repetition_penalty must be a number > 0 (1 is off), got "
+                                      f"{self.repetition_penalty!r}")
         _in_range("min_p", self.min_p, 0.0, 1.0)
         self._check_logit_bias()
         if not _is_int(self.logprobs) or not -1 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be -1 (off) or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+            raise InvalidRequestError(f"logprobs must be -1 (off) or an integer in [0, {MAX_LOGPROBS}], got "
+                                      f"{self.logprobs!r}")
         # min_tokens <= max_tokens is checked by the scheduler, once max_tokens is final
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise InvalidRequestError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
@@ -87,7 +91,8 @@ class SamplingParams:
 
     def _check_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, tuple):
-            raise InvalidRequestError(f"logit_bias must be a tuple of (token_id, bias) pairs, got {type(self.logit_bias).__name__}")
+            raise InvalidRequestError("logit_bias must be a tuple of (token_id, bias) pairs, got "
+                                      f"{type(self.logit_bias).__name__}")
         seen = set()
         for pair in self.logit_bias:
             if not (isinstance(pair, tuple) and len(pair) == 2 and _is_int(pair[0]) and pair[0] >= 0):
@@ -110,9 +115,11 @@ class SamplingParams:
             if not isinstance(schema, (dict, bool)):
                 raise InvalidRequestError(f"json_schema must be a JSON object, got {type(schema).__name__}")
         if self.json_mode != "off" and self.ignore_eos:
-            raise InvalidRequestError("ignore_eos cannot be combined with json_mode: the grammar ends the output when the JSON is complete")
+            raise InvalidRequestError("ignore_eos cannot be combined with json_mode: the grammar ends the output when "
+                                      "the JSON is complete")
         if self.json_mode != "off" and self.min_tokens:
-            raise InvalidRequestError("min_tokens cannot be combined with json_mode: the grammar decides where the output ends")
+            raise InvalidRequestError("min_tokens cannot be combined with json_mode: the grammar decides where the "
+                                      "output ends")
 
     @property
     def is_greedy(self) -> bool:

@@ -27,23 +27,37 @@ def _var(meaning: str, name: str = "") -> dict:
 @dataclass(frozen=True)
 class EnvSwitches:
     # the engine (the default is the fast path)
-    disable_overlap: bool = field(default=False, metadata=_var("plan step N+1 while step N runs is off unless a front end asks for it"))
-    disable_cuda_graph: bool = field(default=False, metadata=_var("decode steps run eagerly unless a front end asks for CUDA graphs"))
-    check_integrity: bool = field(default=False, metadata=_var("check every table row and KV page after each scheduler step (slow)"))
-    disable_kernels: bool = field(default=False, metadata=_var("use the PyTorch fallbacks instead of the Triton kernels, even on a GPU"))
-    disable_onednn: bool = field(default=False, metadata=_var("float32 projections on the CPU through F.linear (MKL), not oneDNN: no second copy of the weights, transformers' rounding"))
-    triton_interpret: bool = field(default=False, metadata=_var("Triton's own interpreter: the kernels then run on CPU tensors too", "TRITON_INTERPRET"))
-    model: str = field(default="", metadata=_var("model directory used when none is given (default: the bundled SmolLM2-135M-Instruct)"))
-    tp_timeout: float = field(default=300.0, metadata=_var("seconds a tensor-parallel collective waits for a peer before it fails"))
-    log_level: str = field(default="WARNING", metadata=_var("level of the `minisgl` loggers: DEBUG, INFO, WARNING or ERROR"))
-    cpu_kv_budget_gb: float = field(default=0.5, metadata=_var("GiB the KV pool may take on the CPU (default 0.5: a full 8,192-token context of the bundled model in float32)"))
+    disable_overlap: bool = field(default=False, metadata=_var("plan step N+1 while step N runs is off unless a front "
+                                                               "end asks for it"))
+    disable_cuda_graph: bool = field(default=False, metadata=_var("decode steps run eagerly unless a front end asks "
+                                                                  "for CUDA graphs"))
+    check_integrity: bool = field(default=False, metadata=_var("check every table row and KV page after each "
+                                                               "scheduler step (slow)"))
+    disable_kernels: bool = field(default=False, metadata=_var("use the PyTorch fallbacks instead of the Triton "
+                                                               "kernels, even on a GPU"))
+    disable_onednn: bool = field(default=False, metadata=_var("float32 projections on the CPU through F.linear (MKL), "
+                                                              "not oneDNN: no second copy of the weights, "
+                                                              "transformers' rounding"))
+    triton_interpret: bool = field(default=False, metadata=_var("Triton's own interpreter: the kernels then run on "
+                                                                "CPU tensors too", "TRITON_INTERPRET"))
+    model: str = field(default="", metadata=_var("model directory used when none is given (default: the bundled "
+                                                 "SmolLM2-135M-Instruct)"))
+    tp_timeout: float = field(default=300.0, metadata=_var("seconds a tensor-parallel collective waits for a peer "
+                                                           "before it fails"))
+    log_level: str = field(default="WARNING", metadata=_var("level of the `minisgl` loggers: DEBUG, INFO, WARNING or "
+                                                            "ERROR"))
+    cpu_kv_budget_gb: float = field(default=0.5, metadata=_var("GiB the KV pool may take on the CPU (default 0.5: a "
+                                                               "full 8,192-token context of the bundled model in "
+                                                               "float32)"))
     # the workbook around the engine
     num_threads: int = field(default=1, metadata=_var("CPU threads a chapter notebook gives torch"))
-    judge_fork: bool = field(default=True, metadata=_var("the judge forks its workers from a preloaded process (0: a fresh interpreter each)"))
+    judge_fork: bool = field(default=True, metadata=_var("the judge forks its workers from a preloaded process (0: a "
+                                                         "fresh interpreter each)"))
     test_device: str = field(default="cpu", metadata=_var("device the test suite runs the engine on"))
     test_dtype: str = field(default="float32", metadata=_var("dtype the test suite runs the engine in"))
     test_attention: str = field(default="torch", metadata=_var("attention backend the test suite uses"))
-    test_oracle: str = field(default="", metadata=_var("'recompute': the tests recompute transformers' outputs instead of reading the recorded ones"))
+    test_oracle: str = field(default="", metadata=_var("'recompute': the tests recompute transformers' outputs "
+                                                       "instead of reading the recorded ones"))
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> EnvSwitches:

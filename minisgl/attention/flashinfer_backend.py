@@ -28,7 +28,8 @@ from .base import BaseAttnBackend, BaseAttnMetadata
 if TYPE_CHECKING:
     from minisgl.core import Batch
 
-FLASHINFER_HEAD_DIMS, FLASHINFER_DTYPES = (64, 128, 256), (torch.float16, torch.bfloat16)  # what its kernels are built for
+FLASHINFER_HEAD_DIMS, FLASHINFER_DTYPES = (64, 128, 256), (torch.float16,
+                                                           torch.bfloat16)  # what its kernels are built for
 _WORKSPACE_BYTES = 256 << 20  # FlashInfer's scratch for split-KV partial results
 
 
@@ -75,7 +76,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
 
         problem = flashinfer_problem(page_table.device, kv_cache.buffer.dtype, kv_cache.head_dim)
         if problem is not None:  # the same rule "auto" applies before choosing this backend
-            raise ValueError(f"the FlashInfer backend cannot run here: {problem}; use attention_backend='auto' or 'torch'")
+            raise ValueError(f"the FlashInfer backend cannot run here: {problem}; use attention_backend='auto' or "
+                             "'torch'")
         self._fi = flashinfer
         self.kv_cache = kv_cache
         self.page_table = page_table  # [rows + 1 dummy, max_seq_len] slot of each position
@@ -137,7 +139,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def _plan_prefill(self, batch: "Batch") -> FlashInferMetadata:
         reqs = batch.reqs
         layout = self._layout([r.table_idx for r in reqs], [r.device_len for r in reqs])
-        qo_indptr = torch.tensor([0, *itertools.accumulate(r.extend_len for r in reqs)], dtype=torch.int32, pin_memory=True)
+        qo_indptr = torch.tensor([0, *itertools.accumulate(r.extend_len for r in reqs)], dtype=torch.int32,
+                                 pin_memory=True)
         self._plan_copied.synchronize()
         self.prefill_wrapper.plan(
             qo_indptr,

@@ -22,7 +22,8 @@ TRITON_DECODE_MODULE = "minisgl.attention.triton_decode_backend"  # arrives in c
 BACKENDS = ("auto", "torch", "flashinfer", "triton-decode")
 
 
-def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> str:
+def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                         head_dim: int = 128) -> str:
     if name != "auto":
         return name
     # a staged package (the package as of an earlier chapter) lacks the GPU backends: "auto"
@@ -43,7 +44,8 @@ def create_attention_backend(name: str, kv_cache: MHAKVCache, page_table: torch.
         raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(BACKENDS)}")
     module, chapter = (FLASHINFER_MODULE, 17) if name == "flashinfer" else (TRITON_DECODE_MODULE, 19)
     if not package_has(module):
-        raise ValueError(f"attention_backend={name!r}: this package has no such backend yet (chapter {chapter} adds it); "
+        raise ValueError(f"attention_backend={name!r}: this package has no such backend yet (chapter {chapter} adds "
+                         "it); "
                          "use 'auto' or 'torch'")
     if name == "flashinfer":
         from .flashinfer_backend import FlashInferAttnBackend

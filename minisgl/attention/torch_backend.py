@@ -60,7 +60,9 @@ class TorchAttnBackend(BaseAttnBackend):
             else:
                 ki, vi = self._gather(layer_id, meta.kv_slots[i, :kv_len])
                 # query i sits at position cached + i and sees keys 0..cached + i
-                allowed = torch.arange(kv_len, device=q.device)[None, :] <= (cached + torch.arange(n, device=q.device))[:, None]
+                allowed = torch.arange(kv_len, device=q.device)[None,
+                                                                :] <= (cached + torch.arange(n, device=q.device))[:,
+                                                                                                                  None]
                 out[start : start + n] = _attend(qi, ki, vi, attn_mask=allowed)
         return out
 
@@ -81,7 +83,8 @@ class TorchAttnBackend(BaseAttnBackend):
         n = slots.numel()
         if self._scratch is None or self._scratch.shape[1] < n:
             # headroom: a decode batch reads one more key per request each step
-            self._scratch = self.kv_cache.buffer.new_empty((2, n + n // 2, self.kv_cache.num_kv_heads, self.kv_cache.head_dim))
+            self._scratch = self.kv_cache.buffer.new_empty((2, n + n // 2, self.kv_cache.num_kv_heads,
+                                                            self.kv_cache.head_dim))
         k = torch.index_select(self.kv_cache.k_cache(layer_id), 0, slots, out=self._scratch[0, :n])
         v = torch.index_select(self.kv_cache.v_cache(layer_id), 0, slots, out=self._scratch[1, :n])
         return k, v

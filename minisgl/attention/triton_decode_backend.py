@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DecodeThresholds:
-    """Where the decode path changes with the batch size (tuned on an H200 at head_dim 128;
-    the measurements behind them are in minisgl/benchmark/RESULTS.md)."""
+    """Where the decode path changes with the batch size, tuned at head_dim 128 (the measurements
+    behind them, with their machine, are in minisgl/benchmark/RESULTS.md)."""
 
     small_tile_max_bs: int = 4  # up to here the step is launch-bound: the small tile, many splits
     rope_in_kernel_max_bs: int = 63  # up to here the kernel rotates and stores itself (a launch fewer)
@@ -67,7 +67,8 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
         rows = page_table.shape[0] - 1
         pieces = max(bs * self.splits(bs) for bs in range(1, rows + 1))
         group = num_qo_heads // self.num_kv_heads
-        self._scratch = DecodeScratch.for_batches(rows, self.num_kv_heads, group, self.head_dim, self._sms, self.device, pieces)
+        self._scratch = DecodeScratch.for_batches(rows, self.num_kv_heads, group, self.head_dim, self._sms,
+                                                  self.device, pieces)
 
     def splits(self, bs: int) -> int:
         """How many splits each request's keys are cut into, for a decode batch of `bs` requests."""
@@ -78,7 +79,8 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
             return 1
         return max(t.min_splits, decode_splits(bs, self.num_kv_heads, self._sms, t.programs_per_sm))
 
-    def _decode_metadata(self, rows: List[int], kv_lens: List[int], out: Optional[torch.Tensor] = None) -> TritonDecodeMetadata:
+    def _decode_metadata(self, rows: List[int], kv_lens: List[int],
+                         out: Optional[torch.Tensor] = None) -> TritonDecodeMetadata:
         """Rows, key counts and (longest first) each entry's request, in one copy to the device
         (into `out`, a graph's buffer, if given)."""
         t, bs = self.thresholds, len(rows)
@@ -101,13 +103,15 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
             super().prepare_metadata(batch)
 
     # ---- the forward pass: the base class's sequence in fewer launches -----------------------
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch", qk: "QKNormRope") -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch",
+                qk: "QKNormRope") -> torch.Tensor:
         k_flat, v_flat = self._flat[layer_id]
         rope = PendingRope(batch.positions, k, v, batch.out_loc, qk.rotary.cos, qk.rotary.sin, _norm_weights(qk))
         meta = batch.attn_metadata
         if isinstance(meta, TritonDecodeMetadata) and meta.size <= self.thresholds.rope_in_kernel_max_bs:
             return self._decode(q, layer_id, meta, rope)
-        q = apply_rope_and_store(rope.positions, q, k, v, rope.cos, rope.sin, k_flat, v_flat, rope.out_loc, rope.qk_norm)
+        q = apply_rope_and_store(rope.positions, q, k, v, rope.cos, rope.sin, k_flat, v_flat, rope.out_loc,
+                                 rope.qk_norm)
         if isinstance(meta, TritonDecodeMetadata):
             return self._decode(q, layer_id, meta)
         return meta.wrapper.run(q, self._paged[layer_id])
@@ -120,7 +124,8 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
         store_kv(k, v, k_flat, v_flat, batch.out_loc)
         return self._decode(q, layer_id, meta)
 
-    def _decode(self, q: torch.Tensor, layer_id: int, meta: TritonDecodeMetadata, rope: Optional[PendingRope] = None) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, layer_id: int, meta: TritonDecodeMetadata,
+                rope: Optional[PendingRope] = None) -> torch.Tensor:
         k_flat, v_flat = self._flat[layer_id]
         return decode_attention(q, k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._scratch, meta.splits,
                                 tile=meta.tile, rope=rope, order=meta.order)

@@ -45,7 +45,8 @@ class Ratio:
         return self.hf_s / self.engine_s
 
     def line(self) -> str:
-        return f"{self.name:<32} engine {self.engine_s:7.2f} s   transformers {self.hf_s:7.2f} s   {self.speedup:5.2f}x   ({self.same})"
+        times = f"engine {self.engine_s:7.2f} s   transformers {self.hf_s:7.2f} s"
+        return f"{self.name:<32} {times}   {self.speedup:5.2f}x   ({self.same})"
 
 
 def _lookalikes(prompts: List[List[int]], seed: int = 1) -> List[List[int]]:
@@ -129,7 +130,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Ratio]:
     model = args.model or str(default_model_path())
     make_llm = functools.partial(LLM, model, device="cpu", dtype="float32", max_seq_len=max(args.prefill_len + 8, 2048))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa").eval()
-    print(f"model {model}, float32, {args.threads} threads; best of {args.repeats} runs each, first calls untimed, a fresh engine per run")
+    print(f"model {model}, float32, {args.threads} threads; best of {args.repeats} runs each, first calls untimed, a "
+          "fresh engine per run")
     results = [
         prefill_ratio(make_llm, hf, args.prefill_len, args.repeats),
         chat_ratio(make_llm, hf, args.chat_prompts, args.chat_tokens, args.repeats),

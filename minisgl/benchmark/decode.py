@@ -115,7 +115,8 @@ def profile_decode_steps(llm: LLM, bs: int, input_len: int, steps: int = 4, seed
     from torch.profiler import ProfilerActivity, profile
 
     rng = random.Random(seed)
-    uids = [llm.add_request([rng.randint(0, 10000) for _ in range(input_len)], SamplingParams(max_tokens=steps + 8, ignore_eos=True)) for _ in range(bs)]
+    uids = [llm.add_request([rng.randint(0, 10000) for _ in range(input_len)],
+                            SamplingParams(max_tokens=steps + 8, ignore_eos=True)) for _ in range(bs)]
     while llm.prefill.pending or llm.prefill.chunked is not None:  # every prompt prefilled:
         llm.step()  # the profiled steps are decode steps only
     llm.step()
@@ -140,8 +141,10 @@ def kernel_table(p: StepProfile, top: int = 16) -> str:
         lines.append(f"    {g.name[:60]:<60} {g.count:9.1f} {g.us:9.1f}")
     rest = p.groups[top:]
     if rest:
-        lines.append(f"    {f'({len(rest)} more names)':<60} {sum(g.count for g in rest):9.1f} {sum(g.us for g in rest):9.1f}")
-    lines.append(f"    GPU busy {p.busy_us:.0f} us of a {p.span_us:.0f} us step span ({100 * p.busy_us / max(p.span_us, 1e-9):.0f}%)")
+        lines.append(f"    {f'({len(rest)} more names)':<60} {sum(g.count for g in rest):9.1f} "
+                     f"{sum(g.us for g in rest):9.1f}")
+    lines.append(f"    GPU busy {p.busy_us:.0f} us of a {p.span_us:.0f} us step span "
+                 f"({100 * p.busy_us / max(p.span_us, 1e-9):.0f}%)")
     return "\n".join(lines)
 
 
@@ -150,7 +153,8 @@ def kernel_table(p: StepProfile, top: int = 16) -> str:
 SET_BY_RUN = ("use_cuda_graph", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "num_pages")
 
 
-def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool], **options) -> List[DecodeResult]:
+def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, graphs: Sequence[bool],
+        **options) -> List[DecodeResult]:
     """`options`: any other engine or scheduler setting by name (not those in SET_BY_RUN)."""
     results = []
     max_bs = max(batch_sizes)
@@ -169,10 +173,12 @@ def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, ste
         for bs in batch_sizes:
             tpot = measure_tpot(llm, bs, input_len, steps)
             prof = profile_decode_steps(llm, bs, input_len)
-            r = DecodeResult(bs, llm.engine.graph_runner is not None, tpot, None if prof is None else prof.kernels, prof)
+            r = DecodeResult(bs, llm.engine.graph_runner is not None, tpot, None if prof is None else prof.kernels,
+                             prof)
             results.append(r)
             kernels = "" if prof is None else f"  {prof.kernels:.0f} kernels/step"
-            print(f"batch {bs:4d}  cuda graph {'on ' if r.cuda_graph else 'off'}  TPOT {r.tpot_s * 1e3:7.3f} ms  ({r.tokens_per_s:,.0f} tok/s){kernels}", flush=True)
+            print(f"batch {bs:4d}  cuda graph {'on ' if r.cuda_graph else 'off'}  TPOT {r.tpot_s * 1e3:7.3f} ms  "
+                  f"({r.tokens_per_s:,.0f} tok/s){kernels}", flush=True)
             if prof is not None:
                 print(kernel_table(prof), flush=True)
         release(llm)
@@ -180,14 +186,16 @@ def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, ste
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m minisgl.benchmark.decode", description="Decode time per output token at several batch sizes.")
+    ap = argparse.ArgumentParser(prog="python -m minisgl.benchmark.decode",
+                                 description="Decode time per output token at several batch sizes.")
     ap.add_argument("--batch-sizes", default="1,16,64,256", help="comma-separated batch sizes")
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens per request")
     ap.add_argument("--steps", type=int, default=128, help="decode steps timed per batch size")
     ap.add_argument("--graphs", default="on,off", help="which settings to run: on, off or on,off")
     ap.add_argument("--quick", action="store_true", help="tiny model, batch 1 and 4, a few steps (runs on the CPU)")
     # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
-    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)"}, exclude=SET_BY_RUN)
+    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; "
+                                                               "with --quick models/tiny-qwen3)"}, exclude=SET_BY_RUN)
     return ap
 
 

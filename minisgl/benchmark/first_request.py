@@ -52,7 +52,8 @@ def main() -> None:
     steady = statistics.median(times[1:])
     for i, t in enumerate(times):
         print(f"batch {i}: {t * 1e3:8.1f} ms")
-    print(f"first batch {times[0] * 1e3:.1f} ms, steady state (median of the rest) {steady * 1e3:.1f} ms: {times[0] / steady:.2f}x")
+    print(f"first batch {times[0] * 1e3:.1f} ms, steady state (median of the rest) {steady * 1e3:.1f} ms: "
+          f"{times[0] / steady:.2f}x")
 
 
 if __name__ == "__main__":

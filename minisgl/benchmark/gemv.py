@@ -47,9 +47,11 @@ def replay_us(fn: Callable[[], None], reps: int = 50) -> float:
     return start.elapsed_time(end) / reps * 1e3
 
 
-def run(rows: Sequence[int], layers: int = 28, shapes: Dict[str, Tuple[int, int]] = QWEN3_0_6B, dtype: torch.dtype = torch.bfloat16, reps: int = 50) -> List[GemvResult]:
+def run(rows: Sequence[int], layers: int = 28, shapes: Dict[str, Tuple[int, int]] = QWEN3_0_6B,
+        dtype: torch.dtype = torch.bfloat16, reps: int = 50) -> List[GemvResult]:
     dev = torch.device("cuda")
-    weights = {name: [torch.randn(n, k, device=dev, dtype=dtype) / k**0.5 for _ in range(layers)] for name, (n, k) in shapes.items()}
+    weights = {name: [torch.randn(n, k, device=dev, dtype=dtype) / k**0.5 for _ in range(layers)] for name,
+               (n, k) in shapes.items()}
     results = []
     for m in rows:
         x = {name: torch.randn(m, k, device=dev, dtype=dtype) for name, (n, k) in shapes.items()}
@@ -79,7 +81,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[GemvResult]:
         raise SystemExit("this benchmark times CUDA kernels: run it on a machine with a GPU")
     results = run([int(r) for r in args.rows.split(",")], args.layers)
     name = torch.cuda.get_device_name()
-    print(f"{name}: the projections of {args.layers} layers (Qwen3-0.6B shapes, bfloat16, weights not in L2), one CUDA graph replay")
+    print(f"{name}: the projections of {args.layers} layers (Qwen3-0.6B shapes, bfloat16, weights not in L2), one "
+          "CUDA graph replay")
     print(f"{'rows':>4} {'cuBLAS + silu_and_mul':>22} {'gemv kernel':>12} {'ratio':>6}")
     for r in results:
         print(f"{r.rows:4d} {r.cublas_us:19.0f} us {r.kernel_us:9.0f} us {r.cublas_us / r.kernel_us:5.2f}x")

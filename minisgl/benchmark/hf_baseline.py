@@ -33,7 +33,8 @@ def build_hf_model(model_path: str, dtype: torch.dtype, device: torch.device, du
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not dummy_weights:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
+                                                    attn_implementation="sdpa").to(device).eval()
     config = AutoConfig.from_pretrained(model_path)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -100,7 +101,8 @@ def hf_continuous_batching(model, prompts: Sequence[Sequence[int]], max_tokens: 
             result = manager.get_result(timeout=1)
             if result is None:
                 if not manager.is_running():
-                    raise RuntimeError(f"transformers' continuous batching stopped with {len(ids) - len(results)} requests unfinished")
+                    raise RuntimeError(f"transformers' continuous batching stopped with {len(ids) - len(results)} "
+                                       "requests unfinished")
                 continue
             if _finished(result):
                 results[result.request_id] = result

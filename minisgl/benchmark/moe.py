@@ -95,13 +95,15 @@ def run(
             fn = impls[name]
             err = (fn(x, w13, w2, weights, ids).float() - want).abs().max().item() / scale
             if err > tol:
-                raise AssertionError(f"{name} at {n} tokens is off the float32 reference by {err:.2e} (tolerance {tol})")
+                raise AssertionError(f"{name} at {n} tokens is off the float32 reference by {err:.2e} (tolerance "
+                                     f"{tol})")
             call = lambda: fn(x, w13, w2, weights, ids)  # noqa: E731
             secs = _time(call, device, rounds, calls)
             graph_secs = _time(as_graph(call), device, rounds, calls) if name == "triton" else None  # torch syncs
             results.append(MoEResult(name, n, secs, graph_secs, read, err))
         line = "  ".join(
-            f"{r.backend} {r.seconds * 1e6:8.1f} us" + (f" (graph {r.graph_seconds * 1e6:6.1f} us)" if r.graph_seconds else "") + f" {r.gb_per_s:7.1f} GB/s"
+            f"{r.backend} {r.seconds * 1e6:8.1f} "
+            "us" + (f" (graph {r.graph_seconds * 1e6:6.1f} us)" if r.graph_seconds else "") + f" {r.gb_per_s:7.1f} GB/s"
             for r in results[-len(backends) :]
         )  # fmt: skip
         speedup = ""
@@ -122,7 +124,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[MoEResult]:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--quick", action="store_true", help="small shapes, a few rounds (runs on the CPU)")
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else "cpu" if args.device == "auto" else args.device)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
     backends = ["torch", "triton"] if device.type == "cuda" else ["torch"]
     dtype = getattr(torch, args.dtype)
     if args.quick:

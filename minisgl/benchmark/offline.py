@@ -53,7 +53,8 @@ class Workload:
         return Workload(self.prompts[:n], self.max_tokens[:n])
 
 
-def make_workload(num_seqs: int = 256, min_input: int = 100, max_input: int = 1024, min_output: int = 100, max_output: int = 1024, seed: int = 0) -> Workload:
+def make_workload(num_seqs: int = 256, min_input: int = 100, max_input: int = 1024, min_output: int = 100,
+                  max_output: int = 1024, seed: int = 0) -> Workload:
     """Prompts first, then output lengths, in the order nano-vllm draws them."""
     rng = random.Random(seed)  # the same stream as `random.seed(seed)`
     prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(min_input, max_input))] for _ in range(num_seqs)]
@@ -100,7 +101,8 @@ class StepGroup:
     floor_s: Optional[float]  # weights + live KV read once per step at the copy rate (decode only)
 
 
-def time_by_batch_size(trace: Sequence, end: float, weight_bytes: int, kv_bytes_per_token: int, bandwidth: float, width: int = 64) -> List[StepGroup]:
+def time_by_batch_size(trace: Sequence, end: float, weight_bytes: int, kv_bytes_per_token: int, bandwidth: float,
+                       width: int = 64) -> List[StepGroup]:
     """Where a run's wall time went: each step owns the interval from its launch to the next
     launch (the last one until `end`); decode steps are grouped by batch size in ranges of
     `width`, each group next to its floor. `trace`: the scheduler's `StepTrace`s of the run."""
@@ -110,7 +112,8 @@ def time_by_batch_size(trace: Sequence, end: float, weight_bytes: int, kv_bytes_
             key, floor = (0, "prefill"), None
         else:
             top = -(-len(t.uids) // width) * width
-            key, floor = (top, f"decode, {top - width + 1}-{top} requests"), (weight_bytes + t.kv_tokens * kv_bytes_per_token) / bandwidth
+            key, floor = (top, f"decode, {top - width + 1}-{top} "
+                               "requests"), (weight_bytes + t.kv_tokens * kv_bytes_per_token) / bandwidth
         g = groups.setdefault(key, StepGroup(key[1], 0, 0.0, None if floor is None else 0.0))
         g.steps += 1
         g.seconds += nxt - t.launched_at
@@ -150,7 +153,8 @@ def run_workload(llm: LLM, workload: Workload, temperature: float = 0.0) -> Offl
         assert len(ids) == m, f"a request produced {len(ids)} tokens instead of {m}"
     trace = llm.trace[first_step:]
     phases = [t.phase for t in trace]
-    return OfflineResult(seconds, sum(len(t) for t in token_ids), workload.input_tokens, token_ids, phases.count("prefill"), phases.count("decode"), trace, end)
+    return OfflineResult(seconds, sum(len(t) for t in token_ids), workload.input_tokens, token_ids,
+                         phases.count("prefill"), phases.count("decode"), trace, end)
 
 
 def warm_up(llm: LLM, seed: int = 1) -> None:
@@ -165,11 +169,14 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--real-weights", action="store_true", help="load the checkpoint instead of random weights")
     ap.add_argument("--num-seqs", type=int, default=256, help="number of requests")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    ap.add_argument("--hf-baseline", type=int, default=0, metavar="N", help="also run Hugging Face generate on the first N requests")
-    ap.add_argument("--hf-cb", type=int, default=0, metavar="N", help="also run transformers' continuous batching on the first N requests")
+    ap.add_argument("--hf-baseline", type=int, default=0, metavar="N",
+                    help="also run Hugging Face generate on the first N requests")
+    ap.add_argument("--hf-cb", type=int, default=0, metavar="N",
+                    help="also run transformers' continuous batching on the first N requests")
     ap.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke test that runs on the CPU)")
     # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
-    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; with --quick models/tiny-qwen3)"})
+    add_config_flags(ap, SchedulerConfig, helps={"model_path": "model directory (default: models/qwen3-0.6b-dummy; "
+                                                               "with --quick models/tiny-qwen3)"})
     return ap.parse_args(argv)
 
 
@@ -190,12 +197,15 @@ def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
     eng = llm.engine
     on_gpu = eng.device.type == "cuda"
     name = torch.cuda.get_device_name(eng.device) if on_gpu else "CPU"
-    print(f"device: {name}; model {Path(model).name} ({'random' if dummy else 'real'} weights, {eng.dtype}); attention {type(eng.attn_backend).__name__}; cuda graphs {'on' if eng.graph_runner else 'off'}")
-    print(f"KV pool: {eng.num_pages} pages x {eng.page_size} tokens = {eng.num_pages * eng.page_size} tokens, {eng.kv_pool_bytes / 1e9:.2f} GB")
+    print(f"device: {name}; model {Path(model).name} ({'random' if dummy else 'real'} weights, {eng.dtype}); "
+          f"attention {type(eng.attn_backend).__name__}; cuda graphs {'on' if eng.graph_runner else 'off'}")
+    print(f"KV pool: {eng.num_pages} pages x {eng.page_size} tokens = {eng.num_pages * eng.page_size} tokens, "
+          f"{eng.kv_pool_bytes / 1e9:.2f} GB")
     warm_up(llm)
     result = run_workload(llm, workload, args.temperature)
     print(
-        f"workload: {len(workload.prompts)} requests, {result.input_tokens} prompt tokens, {result.output_tokens} output tokens "
+        f"workload: {len(workload.prompts)} requests, {result.input_tokens} prompt tokens, {result.output_tokens} "
+        "output tokens "
         f"({result.prefill_steps} prefill + {result.decode_steps} decode steps)"
     )
     print(f"minisgl: {result.seconds:.2f} s, {result.tokens_per_s:,.0f} output tok/s")
@@ -211,21 +221,27 @@ def main(argv: Optional[Sequence[str]] = None) -> OfflineResult:
 def _print_floor(llm: LLM, workload: Workload, result: OfflineResult) -> None:
     eng = llm.engine
     weight_bytes = sum(t.numel() * t.element_size() for t in eng.model.state_dict().values())
-    kv_per_token = eng.kv_cache.bytes_per_page(eng.kv_cache.num_layers, 1, eng.kv_cache.num_kv_heads, eng.kv_cache.head_dim, eng.dtype)
+    kv_per_token = eng.kv_cache.bytes_per_page(eng.kv_cache.num_layers, 1, eng.kv_cache.num_kv_heads,
+                                               eng.kv_cache.head_dim, eng.dtype)
     bw = measure_copy_bandwidth(eng.device)
     floor = decode_bytes(workload, weight_bytes, kv_per_token) / bw
     print(
-        f"memory-bandwidth floor: weights {weight_bytes / 1e9:.2f} GB + live KV ({kv_per_token} B/token) read once per decode step "
-        f"at {bw / 1e12:.2f} TB/s (measured copy) = {floor:.2f} s, i.e. at most {result.output_tokens / floor:,.0f} output tok/s; "
+        f"memory-bandwidth floor: weights {weight_bytes / 1e9:.2f} GB + live KV ({kv_per_token} B/token) read once "
+        "per decode step "
+        f"at {bw / 1e12:.2f} TB/s (measured copy) = {floor:.2f} s, i.e. at most {result.output_tokens / floor:,.0f} "
+        "output tok/s; "
         f"measured time is {result.seconds / floor:.2f}x the floor"
     )
-    print("where the time went (from each launch to the next; decode steps grouped by batch size, each group against its floor):")
+    print("where the time went (from each launch to the next; decode steps grouped by batch size, each group against "
+          "its floor):")
     for g in time_by_batch_size(result.trace, result.end, weight_bytes, kv_per_token, bw):
         against = "" if g.floor_s is None else f"  floor {g.floor_s:5.2f} s ({g.seconds / g.floor_s:.2f}x)"
-        print(f"  {g.label:<26} {g.steps:5d} steps {g.seconds:6.2f} s {g.seconds / g.steps * 1e3:7.2f} ms/step{against}")
+        print(f"  {g.label:<26} {g.steps:5d} steps {g.seconds:6.2f} s {g.seconds / g.steps * 1e3:7.2f} "
+              f"ms/step{against}")
 
 
-def _compare_hf(llm: LLM, model: str, dummy: bool, workload: Workload, n_generate: int, n_cb: int, full: OfflineResult, temperature: float) -> None:
+def _compare_hf(llm: LLM, model: str, dummy: bool, workload: Workload, n_generate: int, n_cb: int, full: OfflineResult,
+                temperature: float) -> None:
     """Each baseline on the first N requests, the engine on the same N in the same process; then
     the baseline's rate scaled to the full workload (an upper bound on the ratio: a baseline's
     throughput grows with the number of requests it batches)."""
@@ -238,22 +254,28 @@ def _compare_hf(llm: LLM, model: str, dummy: bool, workload: Workload, n_generat
     runs = []
     if n_generate > 0:
         hf_generate(hf, workload.prompts[:2], [4, 4])  # warm-up
-        runs.append((f"HF generate (sdpa, one left-padded batch of {n_generate}, greedy)", n_generate, hf_generate(hf, workload.head(n_generate).prompts, workload.head(n_generate).max_tokens)))
+        runs.append((f"HF generate (sdpa, one left-padded batch of {n_generate}, greedy)", n_generate,
+                     hf_generate(hf, workload.head(n_generate).prompts, workload.head(n_generate).max_tokens)))
     if n_cb > 0:
         hf_continuous_batching(hf, workload.prompts[:2], [4, 4])  # warm-up
         sub = workload.head(n_cb)
-        runs.append((f"transformers continuous batching (init_continuous_batching, {n_cb} requests, greedy)", n_cb, hf_continuous_batching(hf, sub.prompts, sub.max_tokens)))
+        runs.append((f"transformers continuous batching (init_continuous_batching, {n_cb} requests, greedy)", n_cb,
+                     hf_continuous_batching(hf, sub.prompts, sub.max_tokens)))
     del hf
     gc.collect()
     for label, n, base in runs:
         mine = ours[n]
         same = sum(a == b for a, b in zip(base.token_ids, mine.token_ids))
-        print(f"{label}: {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} tok/s")
-        print(f"minisgl on the same {n} requests: {mine.seconds:.2f} s = {mine.tokens_per_s:,.0f} tok/s ({mine.tokens_per_s / base.tokens_per_s:.1f}x on the same requests; {same}/{n} requests token-equal)")
+        print(f"{label}: {base.seconds:.2f} s for {base.output_tokens} requested tokens = {base.tokens_per_s:,.0f} "
+              "tok/s")
+        print(f"minisgl on the same {n} requests: {mine.seconds:.2f} s = {mine.tokens_per_s:,.0f} tok/s "
+              f"({mine.tokens_per_s / base.tokens_per_s:.1f}x on the same requests; {same}/{n} requests token-equal)")
         est = base.seconds * full.output_tokens / base.output_tokens
         print(
-            f"  scaled: at {base.tokens_per_s:,.0f} tok/s the full workload's {full.output_tokens} tokens would take ~{est:.0f} s; "
-            f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x (an upper bound: the baseline's throughput grows with its batch)"
+            f"  scaled: at {base.tokens_per_s:,.0f} tok/s the full workload's {full.output_tokens} tokens would take "
+            f"~{est:.0f} s; "
+            f"minisgl took {full.seconds:.2f} s: {full.tokens_per_s / base.tokens_per_s:.1f}x (an upper bound: the "
+            "baseline's throughput grows with its batch)"
         )
 
 

@@ -70,10 +70,12 @@ def percentiles(values_s: Sequence[float]) -> Dict[str, float]:
     a = np.asarray(values_s, dtype=np.float64) * 1000
     if a.size == 0:
         return {k: float("nan") for k in ("mean", "p50", "p90", "p99", "max")}
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: List[int] | str, max_tokens: int) -> RequestTiming:
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: List[int] | str,
+                      max_tokens: int) -> RequestTiming:
     """One streamed request: a completion of token ids, or (a str prompt) a one-turn chat."""
     chat = isinstance(prompt, str)
     body = {
@@ -94,7 +96,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: L
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and chunk["choices"] and (chunk["choices"][0]["delta"].get("content") if chat else chunk["choices"][0]["text"]):
+            first = chunk["choices"][0] if chunk["choices"] else None
+            if ttft is None and first and (first["delta"].get("content") if chat else first["text"]):
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
@@ -102,7 +105,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: L
     return RequestTiming(ttft if ttft is not None else e2e, e2e, tokens)
 
 
-async def run(url: str, prompts: List[List[int]], max_tokens: List[int], concurrency: int, model: Optional[str] = None) -> OnlineReport:
+async def run(url: str, prompts: List[List[int]], max_tokens: List[int], concurrency: int,
+              model: Optional[str] = None) -> OnlineReport:
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         if model is None:
@@ -131,7 +135,8 @@ async def run(url: str, prompts: List[List[int]], max_tokens: List[int], concurr
     )
 
 
-async def stall_probe(url: str, long_len: int, delay_s: float, seed: int, model: Optional[str] = None) -> Dict[str, float]:
+async def stall_probe(url: str, long_len: int, delay_s: float, seed: int, model: Optional[str] = None) -> Dict[str,
+                                                                                                               float]:
     """A chat with a 2-token answer, sent `delay_s` after a `long_len`-token prompt (whose prefill
     it lands in): its TTFT and E2E, and the long prompt's TTFT, in milliseconds."""
     long_prompt = np.random.default_rng(seed).integers(100, 10000, long_len).tolist()
@@ -144,7 +149,8 @@ async def stall_probe(url: str, long_len: int, delay_s: float, seed: int, model:
         await asyncio.sleep(delay_s)
         short = await one_request(client, url, model, "Hi!", 2)
         long_t = await long
-    return {"long_prompt_tokens": long_len, "long_ttft_ms": long_t.ttft_s * 1e3, "chat_ttft_ms": short.ttft_s * 1e3, "chat_e2e_ms": short.e2e_s * 1e3}
+    return {"long_prompt_tokens": long_len, "long_ttft_ms": long_t.ttft_s * 1e3, "chat_ttft_ms": short.ttft_s * 1e3,
+            "chat_e2e_ms": short.e2e_s * 1e3}
 
 
 def write_placeholder_tokenizer(folder: str, vocab_size: int) -> None:
@@ -162,20 +168,26 @@ def write_placeholder_tokenizer(folder: str, vocab_size: int) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> Optional[OnlineReport]:
-    p = argparse.ArgumentParser(prog="python -m minisgl.benchmark.online", description="TTFT / TPOT / E2E and throughput against a running minisgl server")
+    p = argparse.ArgumentParser(prog="python -m minisgl.benchmark.online",
+                                description="TTFT / TPOT / E2E and throughput against a running minisgl server")
     p.add_argument("--url", default="http://127.0.0.1:1919", help="base URL of the server")
     p.add_argument("--model", default=None, help="model name to send; default: the first one /v1/models lists")
     p.add_argument("--num-requests", type=int, default=256, help="requests in the run")
     p.add_argument("--concurrency", type=int, default=64, help="most requests in flight at once")
-    p.add_argument("--input-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"), help="prompt length range, in tokens")
-    p.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"), help="output length range, in tokens")
+    p.add_argument("--input-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"),
+                   help="prompt length range, in tokens")
+    p.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"),
+                   help="output length range, in tokens")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--json-out", default=None, help="also write the report as JSON to this file")
     p.add_argument("--write-placeholder-tokenizer", nargs=2, metavar=("DIR", "VOCAB_SIZE"), default=None,
-                   help="only write a tokenizer whose token i reads '<i>' to DIR (for a server with --dummy-weights), then exit")
+                   help="only write a tokenizer whose token i reads '<i>' to DIR (for a server with --dummy-weights), "
+                        "then exit")
     p.add_argument("--stall-probe", type=int, default=None, metavar="N",
-                   help="instead of the workload: a chat with a 2-token answer sent while an N-token prompt is prefilled; print its TTFT")
-    p.add_argument("--probe-delay", type=float, default=0.5, help="seconds between the long prompt and the chat, with --stall-probe")
+                   help="instead of the workload: a chat with a 2-token answer sent while an N-token prompt is "
+                        "prefilled; print its TTFT")
+    p.add_argument("--probe-delay", type=float, default=0.5,
+                   help="seconds between the long prompt and the chat, with --stall-probe")
     a = p.parse_args(argv)
     if a.stall_probe is not None:
         figures = asyncio.run(stall_probe(a.url.rstrip("/"), a.stall_probe, a.probe_delay, a.seed, a.model))

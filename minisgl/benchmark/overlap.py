@@ -157,16 +157,19 @@ def measure(llm: LLM, bs: int, input_len: int, steps: int, overlap: bool, seed: 
 SET_BY_RUN = ("overlap", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "prefix_cache", "schedule_policy")
 
 
-def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int, **options) -> List[OverlapResult]:
+def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int,
+        **options) -> List[OverlapResult]:
     """`options`: any other engine or scheduler setting by name (not those in SET_BY_RUN)."""
     max_bs = max(batch_sizes)
-    llm = build_llm(model, dummy_weights=dummy, max_running_reqs=max_bs, max_seq_len=input_len + steps + 8, prefix_cache="naive", **options)
+    llm = build_llm(model, dummy_weights=dummy, max_running_reqs=max_bs, max_seq_len=input_len + steps + 8,
+                    prefix_cache="naive", **options)
     measure(llm, min(max_bs, 4), input_len, 4, overlap=False)  # warm-up: kernels, allocator
     results = []
     for bs in batch_sizes:
         off = measure(llm, bs, input_len, steps, overlap=False)
         on = measure(llm, bs, input_len, steps, overlap=True)
-        r = OverlapResult(bs, f"{llm.device.type} ({llm.engine.attn_backend.__class__.__name__}, CUDA graphs {'on' if llm.engine.graph_runner else 'off'})", off, on)
+        r = OverlapResult(bs, f"{llm.device.type} ({llm.engine.attn_backend.__class__.__name__}, CUDA graphs "
+                              f"{'on' if llm.engine.graph_runner else 'off'})", off, on)
         results.append(r)
         print(report(r), flush=True)
     llm.shutdown()
@@ -183,13 +186,16 @@ def report(r: OverlapResult) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m minisgl.benchmark.overlap", description="Decode step time with overlap scheduling off and on, phase by phase.")
+    ap = argparse.ArgumentParser(prog="python -m minisgl.benchmark.overlap",
+                                 description="Decode step time with overlap scheduling off and on, phase by phase.")
     ap.add_argument("--batch-sizes", default="1,16,64", help="comma-separated batch sizes")
     ap.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
     ap.add_argument("--steps", type=int, default=64, help="decode steps per run")
     ap.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     # the engine's and the scheduler's own flags, as `python -m minisgl` takes them
-    add_config_flags(ap, SchedulerConfig, helps={"dummy_weights": "random weights from the model's config.json; implied when the folder has no *.safetensors"}, exclude=SET_BY_RUN)
+    add_config_flags(ap, SchedulerConfig, helps={"dummy_weights": "random weights from the model's config.json; "
+                                                                  "implied when the folder has no "
+                                                                  "*.safetensors"}, exclude=SET_BY_RUN)
     return ap
 
 

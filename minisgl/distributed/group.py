@@ -31,14 +31,16 @@ _HOST = "127.0.0.1"
 
 def host_store(timeout_s: float = DEFAULT_TIMEOUT_S) -> dist.TCPStore:
     """Start the rendezvous store (in rank 0's or the launcher's process); `.port` is its port."""
-    return dist.TCPStore(_HOST, 0, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return dist.TCPStore(_HOST, 0, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def join_store(port: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> dist.TCPStore:
     return dist.TCPStore(_HOST, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def wait_for_ranks(store: dist.TCPStore, ranks: range, check_alive: Callable[[], None], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+def wait_for_ranks(store: dist.TCPStore, ranks: range, check_alive: Callable[[], None],
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Block until every rank in `ranks` has announced itself, calling `check_alive()` (which
     raises if a worker died) between looks."""
     keys = [f"joined/{r}" for r in ranks]
@@ -75,7 +77,8 @@ def init_tp_group(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store.set(f"joined/{rank}", "1")
-    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     set_tp_info(info)
 
 

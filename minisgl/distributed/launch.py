@@ -64,13 +64,15 @@ class RankProcesses:
     closed: bool = False
 
     @classmethod
-    def spawn(cls, ranks: Sequence[int], size: int, target: Callable[..., None], args: Sequence[Any]) -> "RankProcesses":
+    def spawn(cls, ranks: Sequence[int], size: int, target: Callable[..., None],
+              args: Sequence[Any]) -> "RankProcesses":
         """Start one process per rank in `ranks`, each running `target(rank, size, conn, *args)`."""
         group = cls()
         try:
             for rank in ranks:
                 ours, theirs = _CTX.Pipe(duplex=True)
-                proc = _CTX.Process(target=target, args=(rank, size, theirs, *args), name=f"minisgl-tp{rank}", daemon=True)
+                proc = _CTX.Process(target=target, args=(rank, size, theirs, *args), name=f"minisgl-tp{rank}",
+                                    daemon=True)
                 proc.start()
                 theirs.close()  # only the child holds it now: its exit closes the pipe
                 group.ranks.append(rank)
@@ -107,7 +109,8 @@ class RankProcesses:
                 elif sentinels.get(obj) in waiting.values():
                     i = sentinels[obj]
                     if not self.conns[i].poll(0):  # died without a last word
-                        raise RankFailedError(f"tensor-parallel rank {self.ranks[i]} exited (code {self.procs[i].exitcode}) without answering")
+                        raise RankFailedError(f"tensor-parallel rank {self.ranks[i]} exited (code "
+                                              f"{self.procs[i].exitcode}) without answering")
         return [got[i] for i in range(len(self.conns))]
 
     def _read(self, i: int, kind: str) -> Any:
@@ -115,7 +118,8 @@ class RankProcesses:
         try:
             got, payload = recv_msg(self.conns[i])
         except EOFError:
-            raise RankFailedError(f"tensor-parallel rank {rank} exited (code {self.procs[i].exitcode}) without answering") from None
+            raise RankFailedError(f"tensor-parallel rank {rank} exited (code {self.procs[i].exitcode}) without "
+                                  "answering") from None
         if got == "error":
             raise RankFailedError(f"tensor-parallel rank {rank} failed:\n{payload}")
         assert got == kind, f"rank {rank} answered {got!r}, expected {kind!r}"
@@ -124,7 +128,8 @@ class RankProcesses:
     def raise_if_dead(self) -> None:
         for rank, proc in zip(self.ranks, self.procs):
             if not proc.is_alive():
-                raise RankFailedError(f"tensor-parallel rank {rank} is gone (exit code {proc.exitcode}){self._pending_error(rank)}")
+                raise RankFailedError(f"tensor-parallel rank {rank} is gone (exit code "
+                                      f"{proc.exitcode}){self._pending_error(rank)}")
 
     def _pending_error(self, rank: int) -> str:
         """The error a failed worker sent before it went, if any."""

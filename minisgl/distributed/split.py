@@ -30,7 +30,8 @@ def tp_split_problems(cfg: ShardedShape, tp_size: int) -> List[str]:
     # more KV heads than ranks: each rank takes kv/tp of them; fewer: tp/kv ranks share one
     if (kv >= tp_size and kv % tp_size) or (kv < tp_size and tp_size % kv):
         problems.append(f"{kv} KV heads neither split over nor replicate evenly onto {tp_size} ranks")
-    has_dense = cfg.num_experts == 0 or bool(cfg.raw.get("mlp_only_layers")) or cfg.raw.get("decoder_sparse_step", 1) > 1
+    has_dense = cfg.num_experts == 0 or bool(cfg.raw.get("mlp_only_layers")) or cfg.raw.get("decoder_sparse_step",
+                                                                                            1) > 1
     if has_dense and cfg.intermediate_size % tp_size:
         problems.append(f"MLP width {cfg.intermediate_size} does not split over {tp_size} ranks")
     if cfg.num_experts and cfg.moe_intermediate_size % tp_size:

@@ -19,10 +19,12 @@ class EngineConfig:
     """the model, its KV pool and its kernels, on one tensor-parallel rank"""
 
     model_path: str = field(default_factory=lambda: str(default_model_path()), metadata={
-        "flag": "model", "help": "model directory (Hugging Face layout); default: $MINISGL_MODEL, else the bundled SmolLM2-135M-Instruct"})
+        "flag": "model", "help": "model directory (Hugging Face layout); default: $MINISGL_MODEL, else the bundled "
+                                 "SmolLM2-135M-Instruct"})
     device: str = field(default="auto", metadata={"help": "auto (CUDA if present, else the CPU), cpu, cuda or cuda:N"})
     dtype: Union[str, torch.dtype] = field(default="auto", metadata={
-        "choices": DTYPE_NAMES, "help": "weight and activation dtype (a torch.dtype is taken too); auto: bfloat16 on CUDA, float32 on the CPU"})
+        "choices": DTYPE_NAMES, "help": "weight and activation dtype (a torch.dtype is taken too); auto: bfloat16 on "
+                                        "CUDA, float32 on the CPU"})
     page_size: int = field(default=1, metadata={"help": "tokens per KV page (a power of two)"})
     max_running_reqs: int = field(default=256, metadata={
         "aliases": ("max_running_req",), "help": "most requests decoding at once (rows of the page table)"})
@@ -36,13 +38,18 @@ class EngineConfig:
         "help": "most GiB the KV pool takes on the CPU; default: $MINISGL_CPU_KV_BUDGET_GB, else 0.5"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch, flashinfer or triton-decode"})
     use_cuda_graph: bool = field(default_factory=lambda: not ENV.disable_cuda_graph, metadata={
-        "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless MINISGL_DISABLE_CUDA_GRAPH=1"})
-    cuda_graph_max_bs: int = field(default=256, metadata={"help": "largest decode batch captured as a CUDA graph (larger ones run eagerly)"})
+        "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless "
+                                      "MINISGL_DISABLE_CUDA_GRAPH=1"})
+    cuda_graph_max_bs: int = field(default=256, metadata={"help": "largest decode batch captured as a CUDA graph "
+                                                                  "(larger ones run eagerly)"})
     dummy_weights: bool = field(default=False, metadata={
-        "aliases": ("use_dummy_weight",), "help": "random weights from the model's config.json (for speed runs; the text is noise)"})
+        "aliases": ("use_dummy_weight",), "help": "random weights from the model's config.json (for speed runs; the "
+                                                  "text is noise)"})
     seed: int = field(default=0, metadata={"help": "seed for requests that give none"})
-    tp_rank: int = field(default=0, metadata={"cli": False, "help": "this process's tensor-parallel rank (set by the launcher)"})
-    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks, one process (and GPU) each; the model's heads must split evenly"})
+    tp_rank: int = field(default=0, metadata={"cli": False, "help": "this process's tensor-parallel rank (set by the "
+                                                                    "launcher)"})
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks, one process (and GPU) each; the model's "
+                                                      "heads must split evenly"})
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
@@ -54,7 +61,8 @@ class EngineConfig:
         if isinstance(self.dtype, torch.dtype):  # stored by name, so the config stays plain data
             names = {v: k for k, v in _DTYPES.items()}
             if self.dtype not in names:
-                raise ValueError(f"dtype must be one of {', '.join(map(str, _DTYPES.values()))} or a name in {', '.join(DTYPE_NAMES)}; got {self.dtype}")
+                raise ValueError(f"dtype must be one of {', '.join(map(str, _DTYPES.values()))} or a name in "
+                                 f"{', '.join(DTYPE_NAMES)}; got {self.dtype}")
             object.__setattr__(self, "dtype", names[self.dtype])
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}; got {self.dtype!r}")

@@ -44,21 +44,25 @@ class Engine:
         else:
             load_checkpoint(self.model, config.model_path)
 
-        self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
+        self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings,
+                               self.model_config.max_position_embeddings)
         self.page_size = config.page_size
         qkv = self.model.model.layers[0].self_attn.qkv_proj
         # ranks may see different free memory; they must agree on one pool size
         num_pages = min_over_ranks(self._num_pages(qkv.num_kv_heads, qkv.head_dim), self.device)
         # one extra page at the end takes the KV writes of padding (dummy) requests
-        self.kv_cache = MHAKVCache(self.model_config.num_layers, num_pages + 1, self.page_size, qkv.num_kv_heads, qkv.head_dim, self.dtype, self.device)
+        self.kv_cache = MHAKVCache(self.model_config.num_layers, num_pages + 1, self.page_size, qkv.num_kv_heads,
+                                   qkv.head_dim, self.dtype, self.device)
         self.num_pages = num_pages
         self.dummy_page = num_pages
         self.kv_cache.zero_page(self.dummy_page)
         # row `max_running_reqs` is the dummy row used to pad batches
-        self.page_table = torch.zeros((config.max_running_reqs + 1, self.max_seq_len), dtype=torch.int32, device=self.device)
+        self.page_table = torch.zeros((config.max_running_reqs + 1, self.max_seq_len), dtype=torch.int32,
+                                      device=self.device)
         self.page_table[config.max_running_reqs] = self.dummy_page * self.page_size
         self.attn_backend = create_attention_backend(
-            config.attention_backend, self.kv_cache, self.page_table, pad_slot=self.dummy_page * self.page_size, num_qo_heads=qkv.num_q_heads
+            config.attention_backend, self.kv_cache, self.page_table, pad_slot=self.dummy_page * self.page_size,
+            num_qo_heads=qkv.num_q_heads
         )
         self.ctx = Context(page_size=self.page_size, kv_cache=self.kv_cache, attn_backend=self.attn_backend)
         set_global_ctx(self.ctx)
@@ -80,7 +84,8 @@ class Engine:
 
     def _num_pages(self, kv_heads: int, head_dim: int) -> int:
         cfg = self.config
-        per_page = MHAKVCache.bytes_per_page(self.model_config.num_layers, self.page_size, kv_heads, head_dim, self.dtype)
+        per_page = MHAKVCache.bytes_per_page(self.model_config.num_layers, self.page_size, kv_heads, head_dim,
+                                             self.dtype)
         useful = cfg.max_running_reqs * div_ceil(self.max_seq_len, self.page_size)
         if cfg.num_pages is not None:
             return cfg.num_pages

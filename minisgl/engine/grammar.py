@@ -93,18 +93,22 @@ class GrammarManager:
                 import xgrammar as xgr
                 from transformers import AutoTokenizer
 
-                if not any((self.model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-                    raise InvalidRequestError(f"{self.model_path} has no tokenizer, which JSON mode needs; turn json_mode off")
+                if not any((self.model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                                    "tokenizer.model")):
+                    raise InvalidRequestError(f"{self.model_path} has no tokenizer, which JSON mode needs; turn "
+                                              "json_mode off")
                 tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
                 # the model's vocabulary may be padded past the tokenizer's; those ids are never allowed
-                self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_ids)
+                self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                                stop_token_ids=self.eos_ids)
             return self._info
 
     def _get_compiler(self) -> Any:
         if self._compiler is None:
             import xgrammar as xgr
 
-            self._compiler = xgr.GrammarCompiler(self.tokenizer_info(), cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
+            self._compiler = xgr.GrammarCompiler(self.tokenizer_info(), cache_enabled=True,
+                                                 cache_limit_bytes=CACHE_BYTES)
         return self._compiler
 
     def cached(self, key: Key) -> Any:
@@ -241,7 +245,8 @@ class AsideCompiler:
                     error = str(e)
                 except Exception as e:  # the request fails, not the thread (later ones still compile)
                     self._stop_child()
-                    error = f"json_schema cannot be used to constrain decoding: the grammar compiler failed ({type(e).__name__})"
+                    error = ("json_schema cannot be used to constrain decoding: the grammar compiler failed "
+                             f"({type(e).__name__})")
             self._done.put((uid, key, grammar, error))
 
     def _compile(self, key: Key) -> Any:
@@ -249,21 +254,24 @@ class AsideCompiler:
 
         size = len(key[1].encode())
         if size > self.limits.max_bytes:
-            raise InvalidRequestError(f"json_schema is {size} bytes, over this server's limit of {self.limits.max_bytes} (--max-schema-bytes)")
+            raise InvalidRequestError(f"json_schema is {size} bytes, over this server's limit of "
+                                      f"{self.limits.max_bytes} (--max-schema-bytes)")
         info = self.manager.tokenizer_info()
         conn = self._connection(info)
         conn.send(key)
         if not conn.poll(self.limits.timeout_s):
             self._stop_child()
             raise InvalidRequestError(
-                f"json_schema did not compile within this server's limit of {self.limits.timeout_s:g} s (--grammar-timeout): "
+                f"json_schema did not compile within this server's limit of {self.limits.timeout_s:g} s "
+                "(--grammar-timeout): "
                 "use fewer nested levels and repetitions"
             )
         try:
             status, payload = conn.recv()
         except (EOFError, OSError):
             self._stop_child()
-            raise InvalidRequestError("json_schema cannot be used to constrain decoding: its compilation failed") from None
+            raise InvalidRequestError("json_schema cannot be used to constrain decoding: its compilation "
+                                      "failed") from None
         if status != "ok":
             raise InvalidRequestError(payload)
         return xgr.CompiledGrammar.deserialize_json(payload, info)
@@ -272,9 +280,11 @@ class AsideCompiler:
         if self._child is None or self._child.poll() is not None:
             self._stop_child()
             ours, theirs = socket.socketpair()
-            cmd = [sys.executable, "-c", f"from minisgl.engine.grammar import child_main; child_main({theirs.fileno()})"]
+            cmd = [sys.executable, "-c", "from minisgl.engine.grammar import child_main; "
+                                         f"child_main({theirs.fileno()})"]
             package_root = str(Path(__file__).resolve().parents[2])  # this copy of minisgl, wherever it runs from
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+            path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, "PYTHONPATH": path}
             self._child = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
             theirs.close()
             self._conn = Connection(ours.detach())

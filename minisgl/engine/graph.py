@@ -54,10 +54,12 @@ class GraphRunner:
         self.logits: Dict[int, torch.Tensor] = {}
         start = time.perf_counter()
         self._capture_all()
-        logger.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.graphs), self.bs_list, time.perf_counter() - start)
+        logger.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.graphs), self.bs_list,
+                    time.perf_counter() - start)
 
     def _static_batch(self, bs: int) -> Batch:
-        return Batch(reqs=[], phase="decode", input_ids=self.input_ids[:bs], positions=self.positions[:bs], out_loc=self.out_loc[:bs], padded_size=bs)
+        return Batch(reqs=[], phase="decode", input_ids=self.input_ids[:bs], positions=self.positions[:bs],
+                     out_loc=self.out_loc[:bs], padded_size=bs)
 
     def _capture_all(self) -> None:
         engine = self.engine

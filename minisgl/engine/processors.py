@@ -60,7 +60,8 @@ def _index(pairs: List[Tuple[int, int]], device: torch.device) -> Tuple[torch.Te
 
 
 def make_logits_args(
-    reqs: List[Req], device: torch.device, history: torch.Tensor, eos_ids: Iterable[int], bitmask: Optional[torch.Tensor] = None
+    reqs: List[Req], device: torch.device, history: torch.Tensor, eos_ids: Iterable[int],
+    bitmask: Optional[torch.Tensor] = None
 ) -> Optional[LogitsArgs]:
     """The processors a batch needs (None: none). Call before the forward pass (the lengths are
     read before `complete_one` moves them); `bitmask` is the grammar's, on the host."""

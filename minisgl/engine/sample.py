@@ -61,7 +61,8 @@ def make_sampling_args(reqs: List[Req], vocab_size: int, device: torch.device) -
 
 
 def make_sampling_plan(
-    reqs: List[Req], vocab_size: int, device: torch.device, history: torch.Tensor, eos_ids: Iterable[int], bitmask: Optional[torch.Tensor] = None
+    reqs: List[Req], vocab_size: int, device: torch.device, history: torch.Tensor, eos_ids: Iterable[int],
+    bitmask: Optional[torch.Tensor] = None
 ) -> Optional[SamplingPlan]:
     """What the sampler does to this batch (None: plain greedy). `history` is the token pool the
     penalties count from; `bitmask` the grammar's (host, `[bs, words]` int32) or None."""

@@ -12,15 +12,15 @@ try:
     import triton.language as tl
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, out_ptr, x_stride, I: tl.constexpr, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(x_ptr, out_ptr, x_stride, INTER: tl.constexpr, BLOCK: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < I
+        mask = offs < INTER
         gate = tl.load(x_ptr + t * x_stride + offs, mask=mask, other=0.0)
-        up = tl.load(x_ptr + t * x_stride + I + offs, mask=mask, other=0.0)
+        up = tl.load(x_ptr + t * x_stride + INTER + offs, mask=mask, other=0.0)
         g = gate.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # silu, rounded like F.silu's output
-        tl.store(out_ptr + t * I + offs, act * up, mask=mask)
+        tl.store(out_ptr + t * INTER + offs, act * up, mask=mask)
 
 except ImportError:  # pragma: no cover
     triton = None
@@ -41,5 +41,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if t == 0:
         return out
     block = min(next_pow2(inter), 1024)
-    _silu_mul_kernel[(t, triton.cdiv(inter, block))](x, out, x.stride(0), I=inter, BLOCK=block)
+    _silu_mul_kernel[(t, triton.cdiv(inter, block))](x, out, x.stride(0), INTER=inter, BLOCK=block)
     return out

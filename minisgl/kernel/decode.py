@@ -65,7 +65,8 @@ try:
         q = norm_rope(q_at, qw_ptr, d[None, :], g_ok[:, None], c, sn, eps, D // 2, NORM)
         if store:
             slot_new = tl.load(loc_ptr + b).to(tl.int64)
-            k_new = norm_rope(kn_ptr + b * kn_stride + h * D, kw_ptr, d[None, :], d[None, :] < D, c, sn, eps, D // 2, NORM)
+            k_new = norm_rope(kn_ptr + b * kn_stride + h * D, kw_ptr, d[None, :], d[None, :] < D, c, sn, eps, D // 2,
+                              NORM)
             tl.store(k_ptr + slot_new * k_stride + h * D + d[None, :], k_new)
             tl.store(v_ptr + slot_new * v_stride + h * D + d, tl.load(vn_ptr + b * vn_stride + h * D + d))
             tl.debug_barrier()  # the whole program sees the new key before the loop reads it back
@@ -114,12 +115,12 @@ try:
         tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
 
     @triton.jit
-    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, order_ptr, part_ptr, ml_ptr, count_ptr, out_ptr,
-                       q_stride, table_stride, k_stride, v_stride, sm_scale,
-                       kn_ptr, vn_ptr, kn_stride, vn_stride, pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps,
-                       HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr, D: tl.constexpr,
-                       SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr,
-                       ORDERED: tl.constexpr):
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, order_ptr, part_ptr, ml_ptr, count_ptr,
+                       out_ptr, q_stride, table_stride, k_stride, v_stride, sm_scale,
+                       kn_ptr, vn_ptr, kn_stride, vn_stride, pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr,
+                       kw_ptr, eps, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GR: tl.constexpr,
+                       D: tl.constexpr, SPLITS: tl.constexpr, BT: tl.constexpr, HEADS_FIRST: tl.constexpr,
+                       ROPE: tl.constexpr, NORM: tl.constexpr, ORDERED: tl.constexpr):
         if HEADS_FIRST:  # grid (KV head, entry, split): a slot's heads are read by neighbouring programs
             h, e = tl.program_id(0), tl.program_id(1)
         else:  # grid (entry, KV head, split)
@@ -138,8 +139,10 @@ try:
         g_ok = g < G
         q_at = q_ptr + b * q_stride + (h * G + g[:, None]) * D  # query heads h*G .. h*G+G-1 of request b
         if ROPE:  # q and this step's k arrive unrotated; the split holding the new key stores it first
-            q = _rotate_and_store(q_at, g_ok, b, h, d, k_ptr, v_ptr, k_stride, v_stride, kn_ptr, vn_ptr, kn_stride, vn_stride,
-                                  pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps, s == nsplit - 1, D, NORM)
+            q = _rotate_and_store(q_at, g_ok, b, h, d, k_ptr, v_ptr, k_stride, v_stride, kn_ptr, vn_ptr, kn_stride,
+                                  vn_stride,
+                                  pos_ptr, loc_ptr, cos_ptr, sin_ptr, cos_stride, qw_ptr, kw_ptr, eps, s == nsplit - 1,
+                                  D, NORM)
         else:
             q = tl.load(q_at + d[None, :], mask=g_ok[:, None], other=0.0)
         start = s * chunk
@@ -147,7 +150,8 @@ try:
                                   tl.minimum(start + chunk, n), sm_scale, GP, D, BT)
         if nsplit == 1:  # the only split: its result is the output (what the merge would compute, bit for bit)
             head_o = (b * HKV + h) * G + g
-            tl.store(out_ptr + head_o[:, None] * D + d[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+            tl.store(out_ptr + head_o[:, None] * D + d[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=g_ok[:, None])
             return
         # partials of the G real query rows: [B, HKV, SPLITS, GR, D] and [B, HKV, SPLITS, GR, 2]
         base = (e * HKV + h) * SPLITS
@@ -164,7 +168,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
-def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> int:
+def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int,
+                  programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> int:
     """Splits per (request, KV head), a power of two: about `programs_per_sm` programs per SM."""
     want = max(1, (programs_per_sm * num_sms) // max(1, batch_size * num_kv_heads))
     return min(_MAX_SPLITS, 1 << (want.bit_length() - 1))
@@ -183,7 +188,8 @@ class DecodeScratch:
                     pieces: int = 0, rows: int = 0) -> DecodeScratch:
         """Room for any batch of up to `max_bs` requests at its `decode_splits`, and for `pieces`
         (request, split) pairs of up to `rows` requests (batches split by size)."""
-        pieces = max(pieces, max((bs * decode_splits(bs, num_kv_heads, num_sms) for bs in range(1, max_bs + 1)), default=0))
+        small = (bs * decode_splits(bs, num_kv_heads, num_sms) for bs in range(1, max_bs + 1))
+        pieces = max(pieces, max(small, default=0))
         cells = pieces * num_kv_heads * next_pow2(group)
         return cls(
             torch.empty(cells * head_dim, dtype=torch.float32, device=device),
@@ -196,7 +202,8 @@ def _group_pad(group: int) -> int:
     return max(16, next_pow2(group))  # tl.dot needs at least 16 rows
 
 
-def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                         rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
     """q `[bs, q_heads, d]`; caches `[slots, kv_heads, d]`; request i attends to the slots
     `page_table[rows[i], :kv_lens[i]]`. Returns `[bs, q_heads, d]` in q's dtype."""
     out = torch.empty_like(q)
@@ -220,9 +227,10 @@ def _rope_fits(q: torch.Tensor, rope: PendingRope) -> bool:
     return ok and (norm is None or (norm[0].dtype == q.dtype and norm[0].is_contiguous() and norm[1].is_contiguous()))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-                     scratch: DecodeScratch, splits: int, tile: DecodeTile = SMALL_TILE,
-                     heads_first: bool = HEADS_FIRST, rope: Optional[PendingRope] = None, order: Optional[torch.Tensor] = None) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     rows: torch.Tensor, kv_lens: torch.Tensor, scratch: DecodeScratch, splits: int,
+                     tile: DecodeTile = SMALL_TILE, heads_first: bool = HEADS_FIRST,
+                     rope: Optional[PendingRope] = None, order: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
     `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
     request's keys are cut into `splits` near-equal splits, each read `tile.block` keys at a time.
@@ -239,27 +247,33 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if order is not None:  # back to request order
             rows, kv_lens = (torch.empty_like(t).index_copy_(0, order.long(), t) for t in (rows, kv_lens))
         if rope is not None:
-            q = apply_rope_and_store_ref(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc, rope.qk_norm)
+            q = apply_rope_and_store_ref(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache,
+                                         rope.out_loc, rope.qk_norm)
         return decode_attention_ref(q, k_cache, v_cache, page_table, rows, kv_lens)
     if rope is not None and not _rope_fits(q, rope):  # rotate and store first, in the RoPE kernel
-        q = apply_rope_and_store(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc, rope.qk_norm)
+        q = apply_rope_and_store(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc,
+                                 rope.qk_norm)
         rope = None
     if rope is None:
         q = q.contiguous()
     bs, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    assert hq % hkv == 0 and q.stride(2) == 1 and q.stride(1) == d and k_cache.stride(2) == 1 and k_cache.stride(1) == d and page_table.stride(1) == 1
+    assert hq % hkv == 0 and q.stride(2) == 1 and q.stride(1) == d
+    assert k_cache.stride(2) == 1 and k_cache.stride(1) == d and page_table.stride(1) == 1
     assert scratch.count.numel() >= bs * hkv and scratch.ml.numel() >= bs * hkv * splits * next_pow2(group) * 2
     out = torch.empty(bs, hq, d, dtype=q.dtype, device=q.device)
     grid = (hkv, bs, splits) if heads_first else (bs, hkv, splits)
     r = rope if rope is not None else PendingRope(rows, q, q, rows, q, q)  # placeholders, unread without ROPE
     qw, kw, eps = r.qk_norm if r.qk_norm is not None else (q, q, 0.0)
     _decode_kernel[grid](
-        q, k_cache, v_cache, page_table, rows, kv_lens, order if order is not None else rows, scratch.part, scratch.ml, scratch.count, out,
+        q, k_cache, v_cache, page_table, rows, kv_lens, order if order is not None else rows, scratch.part, scratch.ml,
+        scratch.count, out,
         q.stride(0), page_table.stride(0), k_cache.stride(0), v_cache.stride(0), 1.0 / math.sqrt(d),
         r.k, r.v, r.k.stride(0), r.v.stride(0), r.positions, r.out_loc, r.cos, r.sin, r.cos.stride(0), qw, kw, eps,
-        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=tile.block, HEADS_FIRST=heads_first,
-        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=4, num_stages=tile.stages,
+        HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=tile.block,
+        HEADS_FIRST=heads_first,
+        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=4,
+        num_stages=tile.stages,
     )
     return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from .activation import silu_and_mul
 from .cpu_gemm import cpu_linear
@@ -48,7 +47,8 @@ try:
         for k0 in tl.static_range(0, K, BK):  # unrolled: every load is issued before the sums
             k = k0 + tl.arange(0, BK)
             k_ok = k < K
-            x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
             w_at = w_ptr + n[:, None].to(tl.int64) * K + k[None, :]
             w_ok = n_ok[:, None] & k_ok[None, :]
             acc += x[:, None, :] * tl.load(w_at, mask=w_ok, other=0.0).to(tl.float32)[None, :, :]
@@ -61,7 +61,8 @@ try:
             g = y.to(out_ptr.dtype.element_ty).to(tl.float32)
             up = tl.sum(acc_up, axis=2).to(out_ptr.dtype.element_ty)
             y = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty) * up
-        tl.store(out_ptr + m[:, None] * N + n[None, :], y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(out_ptr + m[:, None] * N + n[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
 
 except ImportError:  # pragma: no cover
     triton = None
@@ -80,11 +81,13 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, silu_mul: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+         silu_mul: bool = False) -> torch.Tensor:
     """The kernel itself, for any dtype Triton takes (`linear` decides when to use it):
     `x @ weight.T + bias`, or with `silu_mul` `silu(x @ gate.T) * (x @ up.T)` for `weight = [gate; up]`."""
     rows, k = x.shape
-    assert weight.shape[1] == k and not (silu_mul and weight.shape[0] % 2), f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
+    fits = weight.shape[1] == k and not (silu_mul and weight.shape[0] % 2)
+    assert fits, f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     mp = next_pow2(rows)

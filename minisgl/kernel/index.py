@@ -16,7 +16,8 @@ try:
     import triton.language as tl
 
     @triton.jit(do_not_specialize=["page_size"])
-    def _gather_pages_kernel(page_table_ptr, rows_ptr, indptr_ptr, out_ptr, table_stride, page_size, BLOCK: tl.constexpr):
+    def _gather_pages_kernel(page_table_ptr, rows_ptr, indptr_ptr, out_ptr, table_stride, page_size,
+                             BLOCK: tl.constexpr):
         # program (i, b): pages [b * BLOCK, (b + 1) * BLOCK) of request i
         i = tl.program_id(0)
         row = tl.load(rows_ptr + i).to(tl.int64)
@@ -31,7 +32,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
-def gather_page_indices_ref(page_table: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, page_size: int, total: int) -> torch.Tensor:
+def gather_page_indices_ref(page_table: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, page_size: int,
+                            total: int) -> torch.Tensor:
     """rows: `[bs]` table rows; kv_indptr: `[bs + 1]` int32 page offsets; returns `[total]` int32."""
     counts = (kv_indptr[1:] - kv_indptr[:-1]).long()
     # for page k of the flat list: which request owns it, and its number within that request
@@ -42,7 +44,8 @@ def gather_page_indices_ref(page_table: torch.Tensor, rows: torch.Tensor, kv_ind
 
 
 def gather_page_indices(
-    page_table: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, page_size: int, total: int, max_pages: int, out: torch.Tensor | None = None
+    page_table: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, page_size: int, total: int, max_pages: int,
+    out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Page list of every request in `rows`, concatenated. `total` (= `kv_indptr[-1]`) and
     `max_pages` (the longest request's page count) come from the host, so nothing syncs."""

@@ -18,7 +18,8 @@ try:
     import triton.language as tl
 
     @triton.jit
-    def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, stride_t, stride_h, eps, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, stride_t, stride_h, eps, H: tl.constexpr, D: tl.constexpr,
+                        BLOCK: tl.constexpr):
         # one program per row; row r is (token r // H, head r % H); the output is contiguous
         r = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -30,7 +31,8 @@ try:
         tl.store(out_ptr + r * D + offs, normed * w, mask=mask)
 
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_stride, res_stride, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_stride, res_stride, eps, D: tl.constexpr,
+                            BLOCK: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < D
@@ -53,7 +55,8 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     return weight * xf.to(x.dtype)
 
 
-def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
     s = x + residual
     return rmsnorm_ref(s, weight, eps), s
 
@@ -73,7 +76,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                      eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """`s = x + residual` (or `x` when there is none), then `(rmsnorm(s), s)`."""
     if residual is None:
         return rmsnorm(x, weight, eps), x
@@ -85,5 +89,6 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight:
     s = torch.empty_like(out)
     if t == 0:
         return out, s
-    _add_rmsnorm_kernel[(t,)](x, residual, weight, out, s, x.stride(0), residual.stride(0), eps, D=d, BLOCK=next_pow2(d))
+    _add_rmsnorm_kernel[(t,)](x, residual, weight, out, s, x.stride(0), residual.stride(0), eps, D=d,
+                              BLOCK=next_pow2(d))
     return out, s

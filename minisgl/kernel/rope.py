@@ -43,17 +43,20 @@ try:
         return (x * c).to(dt) + (tl.where(d < HALF, -xp, xp) * s).to(dt)
 
     @triton.jit
-    def _norm_rope_heads(x_ptr, out_ptr, w_ptr, t, row, c, s, stride_t, stride_h, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
-        # every head of token t, normalised and rotated; the result is row `row` of a contiguous [rows, H, 2 * HALF] output
+    def _norm_rope_heads(x_ptr, out_ptr, w_ptr, t, row, c, s, stride_t, stride_h, eps, H: tl.constexpr,
+                         HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+        # every head of token t, normalised and rotated: row `row` of a contiguous [rows, H, 2 * HALF] output
         h = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         o = norm_rope(x_ptr + t * stride_t + h * stride_h, w_ptr, d, h < H, c, s, eps, HALF, NORM)
         tl.store(out_ptr + row * (H * 2 * HALF) + h * (2 * HALF) + d, o, mask=(h < H) & (d < 2 * HALF))
 
     @triton.jit
-    def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_stride_t, q_stride_h, k_stride_t, k_stride_h, cos_stride, eps,
+    def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_stride_t, q_stride_h,
+                     k_stride_t, k_stride_h, cos_stride, eps,
                      v_ptr, vc_ptr, loc_ptr, v_stride_t, v_stride_h,
-                     HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+                     HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                     BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
                      STORE: tl.constexpr):
         # one program per token, q heads and k heads in the same launch; outputs are contiguous.
         # STORE: `ko_ptr` is the layer's key cache and k goes to row `loc[t]` of it, and the
@@ -64,16 +67,19 @@ try:
         dt = qo_ptr.dtype.element_ty
         c = tl.load(cos_ptr + pos * cos_stride + d, mask=d < 2 * HALF, other=0.0).to(dt)
         s = tl.load(sin_ptr + pos * cos_stride + d, mask=d < 2 * HALF, other=0.0).to(dt)
-        _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, t, t, c, s, q_stride_t, q_stride_h, eps, HQ, HALF, BLOCK_HQ, BLOCK_D, NORM)
+        _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, t, t, c, s, q_stride_t, q_stride_h, eps, HQ, HALF, BLOCK_HQ, BLOCK_D,
+                         NORM)
         if STORE:
             slot = tl.load(loc_ptr + t).to(tl.int64)
-            _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, slot, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
+            _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, slot, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK,
+                             BLOCK_D, NORM)
             hv = tl.arange(0, BLOCK_HK)[:, None]
             mv = (hv < HK) & (d < 2 * HALF)
             val = tl.load(v_ptr + t * v_stride_t + hv * v_stride_h + d, mask=mv)
             tl.store(vc_ptr + slot * (HK * 2 * HALF) + hv * (2 * HALF) + d, val, mask=mv)
         else:
-            _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, t, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK, BLOCK_D, NORM)
+            _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, t, t, c, s, k_stride_t, k_stride_h, eps, HK, HALF, BLOCK_HK,
+                             BLOCK_D, NORM)
 
 except ImportError:  # pragma: no cover
     triton = None
@@ -101,17 +107,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
-def apply_rope_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+                   sin_cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """q: `[tokens, q_heads, dim]`, k: `[tokens, kv_heads, dim]`; caches: `[max_pos, dim]` float32."""
     cos = cos_cache[positions].unsqueeze(1).to(q.dtype)
     sin = sin_cache[positions].unsqueeze(1).to(q.dtype)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-def _rope_ok(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, qk_norm) -> bool:
+def _rope_ok(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+             sin_cache: torch.Tensor, qk_norm) -> bool:
     ok = use_triton(q) and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1 and k.stride(-1) == 1
     ok = ok and q.shape[-1] % 2 == 0 and cos_cache.stride(-1) == 1 and sin_cache.stride() == cos_cache.stride()
-    return ok and (qk_norm is None or (qk_norm[0].dtype == q.dtype and qk_norm[0].is_contiguous() and qk_norm[1].is_contiguous()))
+    return ok and (qk_norm is None or (qk_norm[0].dtype == q.dtype and all(w.is_contiguous() for w in qk_norm[:2])))
 
 
 def _launch(positions, q, k, q_out, k_out, cos_cache, sin_cache, qk_norm, store=None) -> None:
@@ -123,7 +131,8 @@ def _launch(positions, q, k, q_out, k_out, cos_cache, sin_cache, qk_norm, store=
         q, k, q_out, k_out, positions, cos_cache, sin_cache, qw, kw,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_cache.stride(0), eps,
         v, v_cache, loc, v.stride(0), v.stride(1),
-        HQ=hq, HK=hk, HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_D=next_pow2(d), NORM=qk_norm is not None,
+        HQ=hq, HK=hk, HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_D=next_pow2(d),
+        NORM=qk_norm is not None,
         STORE=store is not None,
     )
 
@@ -153,8 +162,11 @@ def apply_rope(
 
 
 def apply_rope_and_store_ref(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None,
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor,
+                                                                                                 torch.Tensor,
+                                                                                                 float]] = None,
 ) -> torch.Tensor:
     if qk_norm is not None:
         q, k = rmsnorm_ref(q, qk_norm[0], qk_norm[2]), rmsnorm_ref(k, qk_norm[1], qk_norm[2])
@@ -164,14 +176,18 @@ def apply_rope_and_store_ref(
 
 
 def apply_rope_and_store(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None,
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor,
+                                                                                                 torch.Tensor,
+                                                                                                 float]] = None,
 ) -> torch.Tensor:
     """`apply_rope`, then the rotated k and v written to slots `out_loc` of the caches
     (`[slots, kv_heads, head_dim]`, as `store_kv` writes them); returns the rotated q. On the
     GPU one launch does it all, and the rotated k is never written anywhere but the pool."""
-    ok = _rope_ok(positions, q, k, cos_cache, sin_cache, qk_norm) and k_cache.is_contiguous() and v_cache.is_contiguous()
-    ok = ok and v.dim() == 3 and v.stride(-1) == 1 and v.shape == k.shape and k_cache.shape[1:] == k.shape[1:] and v_cache.shape == k_cache.shape
+    ok = _rope_ok(positions, q, k, cos_cache, sin_cache, qk_norm) and k_cache.is_contiguous()
+    ok = ok and v_cache.is_contiguous() and v.dim() == 3 and v.stride(-1) == 1 and v.shape == k.shape
+    ok = ok and k_cache.shape[1:] == k.shape[1:] and v_cache.shape == k_cache.shape
     ok = ok and k_cache.dtype == v_cache.dtype == k.dtype == v.dtype
     if not ok:
         q, k = apply_rope(positions, q, k, cos_cache, sin_cache, qk_norm)

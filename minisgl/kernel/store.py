@@ -12,7 +12,8 @@ try:
     import triton.language as tl
 
     @triton.jit
-    def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, k_stride, v_stride, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, k_stride, v_stride, ROW: tl.constexpr,
+                         BLOCK: tl.constexpr):
         # one program per token: copy its [kv_heads * head_dim] key row and value row to its slot
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(loc_ptr + t).to(tl.int64)
@@ -28,7 +29,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
-def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor) -> None:
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 out_loc: torch.Tensor) -> None:
     """k, v: `[tokens, kv_heads, head_dim]`; caches: `[slots, kv_heads, head_dim]`; out_loc: `[tokens]`."""
     k_cache.index_copy_(0, out_loc.long(), k)
     v_cache.index_copy_(0, out_loc.long(), v)
@@ -41,7 +43,8 @@ def _row_stride(x: torch.Tensor) -> int:
     return x.stride(0)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor) -> None:
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             out_loc: torch.Tensor) -> None:
     """Write `k[i]`, `v[i]` to slot `out_loc[i]` of the caches (in place)."""
     n = k.shape[0]
     if n == 0:

@@ -12,7 +12,8 @@ class MHAKVCache:
     a request's positions to slots, so a request's KV need not be contiguous.
     """
 
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
         self.num_layers = num_layers
         self.num_pages = num_pages
         self.page_size = page_size
@@ -20,7 +21,8 @@ class MHAKVCache:
         self.head_dim = head_dim
         # left uninitialised: a slot is always written before it is read, except padding, which
         # reads the zeroed dummy page (see `zero_page`); untouched memory costs nothing on the CPU
-        self.buffer = torch.empty(2, num_layers, num_pages * page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.buffer = torch.empty(2, num_layers, num_pages * page_size, num_kv_heads, head_dim, dtype=dtype,
+                                  device=device)
 
     def zero_page(self, page: int) -> None:
         self.buffer[:, :, page * self.page_size : (page + 1) * self.page_size].zero_()

@@ -187,7 +187,8 @@ class RadixPrefixCache(BasePrefixCache):
         def show(node: RadixNode, depth: int) -> None:
             for child in sorted(node.children.values(), key=lambda c: c.key.tolist()):
                 ids = child.key.tolist()
-                label = tokens_to_str(ids) if tokens_to_str else str(ids[:max_tokens]) + ("..." if len(ids) > max_tokens else "")
+                more = "..." if len(ids) > max_tokens else ""
+                label = tokens_to_str(ids) if tokens_to_str else str(ids[:max_tokens]) + more
                 lines.append(f"{'  ' * depth}- {label!s} (len={len(child)}, ref={child.ref_count})")
                 show(child, depth + 1)
 

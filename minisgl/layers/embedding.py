@@ -36,7 +36,8 @@ class VocabParallelEmbedding(BaseOP):
 class ParallelLMHead(BaseOP):
     """Logits for the last position of every request. Tied to the embedding when the model says so."""
 
-    def __init__(self, vocab_size: int, hidden: int, *, tie_to: Optional[VocabParallelEmbedding], dtype: torch.dtype, device: torch.device):
+    def __init__(self, vocab_size: int, hidden: int, *, tie_to: Optional[VocabParallelEmbedding], dtype: torch.dtype,
+                 device: torch.device):
         self.vocab_size = vocab_size
         self._tied = tie_to
         if tie_to is None:

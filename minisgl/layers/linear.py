@@ -32,21 +32,24 @@ class _Linear(BaseOP):
         return getattr(self, "bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernel.linear(x, self.weight, self._bias())  # F.linear, or a GEMV kernel for few rows
+        return kernel.linear(x, self.weight, self._bias())  # F.linear (a GEMV kernel for few rows on CUDA)
 
 
 class LinearReplicated(_Linear):
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype,
+                 device: torch.device):
         super().__init__(out_features, in_features, bias, dtype, device)
 
 
 class LinearColParallelMerged(_Linear):
     """`[x @ A_0^T | x @ A_1^T | ...]` with each `A_i`'s rows split evenly across ranks."""
 
-    def __init__(self, in_features: int, out_sizes: List[int], *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, in_features: int, out_sizes: List[int], *, bias: bool = False, dtype: torch.dtype,
+                 device: torch.device):
         tp = get_tp_info().size
         for s in out_sizes:
-            assert s % tp == 0, f"output size {s} does not split over {tp} ranks"
+            if s % tp:
+                raise ValueError(f"output size {s} does not split over {tp} ranks")
         self.local_sizes = [s // tp for s in out_sizes]
         super().__init__(sum(self.local_sizes), in_features, bias, dtype, device)
 
@@ -63,7 +66,8 @@ class LinearQKVMerged(_Linear):
     """Q, K and V projections in one matrix. Rank r holds query heads `[r*hq, (r+1)*hq)` and the
     KV heads they attend to; with fewer KV heads than ranks, ranks share (replicate) KV heads."""
 
-    def __init__(self, hidden: int, head_dim: int, num_q_heads: int, num_kv_heads: int, *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, hidden: int, head_dim: int, num_q_heads: int, num_kv_heads: int, *, bias: bool = False,
+                 dtype: torch.dtype, device: torch.device):
         tp = get_tp_info().size
         if num_q_heads % tp != 0:
             raise ValueError(f"{num_q_heads} attention heads cannot be split over {tp} ranks")
@@ -85,9 +89,11 @@ class LinearQKVMerged(_Linear):
 
 
 class LinearRowParallel(_Linear):
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype, device: torch.device):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, dtype: torch.dtype,
+                 device: torch.device):
         tp = get_tp_info().size
-        assert in_features % tp == 0, f"input size {in_features} does not split over {tp} ranks"
+        if in_features % tp:
+            raise ValueError(f"input size {in_features} does not split over {tp} ranks")
         super().__init__(out_features, in_features // tp, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,8 @@ def _llama3_scale(inv_freq: torch.Tensor, s: Dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _yarn_scale(inv_freq: torch.Tensor, head_dim: int, theta: float, s: Dict[str, Any], max_pos: int) -> Tuple[torch.Tensor, float]:
+def _yarn_scale(inv_freq: torch.Tensor, head_dim: int, theta: float, s: Dict[str, Any],
+                max_pos: int) -> Tuple[torch.Tensor, float]:
     """Blend interpolated and extrapolated frequencies; return them and the attention factor
     (YaRN scales cos/sin by `0.1 ln(factor) + 1` so logits keep their temperature)."""
     factor = s["factor"]
@@ -52,7 +53,8 @@ def _yarn_scale(inv_freq: torch.Tensor, head_dim: int, theta: float, s: Dict[str
 
 
 class RotaryEmbedding(BaseOP):
-    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: Optional[Dict[str, Any]], device: torch.device):
+    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: Optional[Dict[str, Any]],
+                 device: torch.device):
         inv_freq = _inv_freq(head_dim, theta)
         attn_factor = 1.0
         kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"

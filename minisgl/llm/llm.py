@@ -41,7 +41,8 @@ class LLM(TensorParallelMixin, Scheduler):
     `llm.shutdown()` to stop them (they also stop when this object is collected or at exit).
     """
 
-    def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None, **options: Any):
+    def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None,
+                 **options: Any):
         """`options` are `EngineConfig` and `SchedulerConfig` fields by name (`page_size=4`,
         `schedule_policy="lpm"`, `dtype=torch.bfloat16`; upstream spellings such as
         `max_running_req` too); they override `config` when one is given. An unknown name raises
@@ -55,7 +56,9 @@ class LLM(TensorParallelMixin, Scheduler):
         from transformers import AutoTokenizer
 
         # a config-only folder (random weights for speed tests) has no tokenizer: token ids only
-        has_tokenizer = any((Path(config.engine.model_path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+        has_tokenizer = any((Path(config.engine.model_path) / f).exists() for f in ("tokenizer.json",
+                                                                                    "tokenizer_config.json",
+                                                                                    "tokenizer.model"))
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model_path) if has_tokenizer else None
         self._outputs: Dict[int, RequestOutput] = {}
 
@@ -63,10 +66,12 @@ class LLM(TensorParallelMixin, Scheduler):
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
         if self.tokenizer is None:
-            raise InvalidRequestError(f"{self.config.engine.model_path} has no tokenizer: pass prompts as lists of token ids")
+            raise InvalidRequestError(f"{self.config.engine.model_path} has no tokenizer: pass prompts as lists of "
+                                      "token ids")
         if chat:
             messages = [{"role": "user", "content": prompt}]
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False))
         return self.tokenizer.encode(prompt, add_special_tokens=False) or self.tokenizer.encode(prompt)
 
     def generate(
@@ -81,7 +86,8 @@ class LLM(TensorParallelMixin, Scheduler):
         runs, so one bad prompt raises without leaving the others half done."""
         if isinstance(prompts, str):
             raise TypeError("generate() takes a list of prompts; wrap a single prompt in a list")
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params,
+                                                                SamplingParams) else list(sampling_params)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         encoded = [self.encode(p, chat) for p in prompts]
@@ -92,10 +98,12 @@ class LLM(TensorParallelMixin, Scheduler):
             self.step()
         results = [self.take_output(uid) for uid in uids]
         for out in results:
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+            tok = self.tokenizer
+            out.text = tok.decode(out.token_ids, skip_special_tokens=True) if tok is not None else ""
         return results
 
-    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
+    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams,
+                    uid: Optional[int] = None) -> int:
         """Queue a request and open its output record (so requests added by hand, then driven
         with `step()`, are collected like those of `generate`); read it with `take_output`."""
         uid = super().add_request(input_ids, params, uid)

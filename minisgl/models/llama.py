@@ -24,7 +24,8 @@ class Attention(BaseOP):
     def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool, dtype, device):
         self.layer_id = layer_id
         self.qkv_proj = LinearQKVMerged(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.attention_bias, dtype=dtype, device=device
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.attention_bias, dtype=dtype,
+            device=device
         )
         self.o_proj = LinearRowParallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, dtype=dtype, device=device)
         if qk_norm:
@@ -46,7 +47,8 @@ class Attention(BaseOP):
 
 class MLP(BaseOP):
     def __init__(self, cfg: ModelConfig, dtype, device):
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [cfg.intermediate_size] * 2, dtype=dtype, device=device)
+        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [cfg.intermediate_size] * 2, dtype=dtype,
+                                                    device=device)
         self.down_proj = LinearRowParallel(cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +57,8 @@ class MLP(BaseOP):
 
 
 class DecoderLayer(BaseOP):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool, dtype, device, mlp: Optional[BaseOP] = None):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool, dtype, device,
+                 mlp: Optional[BaseOP] = None):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.self_attn = Attention(cfg, layer_id, rotary, qk_norm, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
@@ -74,7 +77,8 @@ class DecoderModel(BaseOP):
         rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, device)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = OPList(
-            [DecoderLayer(cfg, i, rotary, qk_norm, dtype, device, make_mlp(i) if make_mlp else None) for i in range(cfg.num_layers)]
+            [DecoderLayer(cfg, i, rotary, qk_norm, dtype, device,
+                          make_mlp(i) if make_mlp else None) for i in range(cfg.num_layers)]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
 

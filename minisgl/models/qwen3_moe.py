@@ -42,14 +42,16 @@ def is_sparse_layer(cfg: ModelConfig, layer_id: int) -> bool:
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         if cfg.num_experts_per_tok < 1 or cfg.num_experts_per_tok > cfg.num_experts:
-            raise ValueError(f"num_experts_per_tok={cfg.num_experts_per_tok} must be in [1, num_experts={cfg.num_experts}]")
+            raise ValueError(f"num_experts_per_tok={cfg.num_experts_per_tok} must be in [1, "
+                             f"num_experts={cfg.num_experts}]")
 
         def make_mlp(layer_id: int) -> BaseOP:
             return SparseMoeBlock(cfg, dtype, device) if is_sparse_layer(cfg, layer_id) else MLP(cfg, dtype, device)
 
         super().__init__(cfg, dtype, device, make_mlp)
 
-    def place_checkpoint_tensor(self, params: Dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> Optional[Tuple[str, Tuple[int, slice], torch.Tensor]]:
+    def place_checkpoint_tensor(self, params: Dict[str, torch.Tensor], name: str,
+                                tensor: torch.Tensor) -> Optional[Tuple[str, Tuple[int, slice], torch.Tensor]]:
         """Loader hook: per-expert checkpoint matrices go into the stacked expert weights."""
         m = _EXPERT.match(name)
         if m is None:

@@ -16,11 +16,11 @@ from safetensors import safe_open
 
 from minisgl.distributed.info import get_tp_info
 from minisgl.layers.linear import LinearQKVMerged
-from minisgl.utils import div_ceil
 
 from .llama import CausalLM
 
-_MERGED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2), "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_MERGED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
 _VOCAB = ("embed_tokens.weight", "lm_head.weight")
 
@@ -78,15 +78,18 @@ def load_checkpoint(model: CausalLM, model_dir: str | Path) -> None:
             raise KeyError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
         target = params[target_name][rows] if rows is not None else params[target_name]
         if target.shape != piece.shape:
-            raise ValueError(f"{name}: expected shape {tuple(target.shape)} here, checkpoint slice has {tuple(piece.shape)}")
+            raise ValueError(f"{name}: expected shape {tuple(target.shape)} here, checkpoint slice has "
+                             f"{tuple(piece.shape)}")
         target.copy_(piece.to(target.dtype))
         filled[target_name] = filled.get(target_name, 0) + piece.numel()
     missing = [n for n, p in params.items() if filled.get(n, 0) != p.numel()]
     if missing:
-        raise KeyError(f"weights not (fully) filled from {model_dir}: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise KeyError(f"weights not (fully) filled from {model_dir}: "
+                       f"{missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _place(model: CausalLM, params, name: str, tensor: torch.Tensor, tp) -> Tuple[Optional[str], Optional[slice], torch.Tensor]:
+def _place(model: CausalLM, params, name: str, tensor: torch.Tensor, tp) -> Tuple[Optional[str], Optional[slice],
+                                                                                  torch.Tensor]:
     """Where a checkpoint tensor goes: (parameter name, row slice or None, the tensor slice)."""
     hook = getattr(model, "place_checkpoint_tensor", None)  # models with their own layouts (MoE experts)
     placed = hook(params, name, tensor) if hook is not None else None
@@ -107,11 +110,13 @@ def _place(model: CausalLM, params, name: str, tensor: torch.Tensor, tp) -> Tupl
         start = sum(layer.local_sizes[:part])
         return target, slice(start, start + size), _shard_rows(tensor, tp.size, tp.rank)
     if name.endswith(_ROW_PARALLEL):
-        return (name if name in params else None), None, tensor.chunk(tp.size, dim=1)[tp.rank] if tp.size > 1 else tensor
+        return (name if name in params else None), None, tensor.chunk(tp.size,
+                                                                      dim=1)[tp.rank] if tp.size > 1 else tensor
     if name.endswith(_VOCAB):
         if name not in params:
             return None, None, tensor
-        return name, None, _shard_rows(tensor, tp.size, tp.rank, pad_to=params[name].shape[0]) if tp.size > 1 else tensor
+        return name, None, _shard_rows(tensor, tp.size, tp.rank,
+                                       pad_to=params[name].shape[0]) if tp.size > 1 else tensor
     return (name if name in params else None), None, tensor
 
 

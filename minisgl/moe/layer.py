@@ -32,7 +32,8 @@ def resolve_moe_backend(name: str, device: torch.device) -> str:
 
 
 class FusedMoE(BaseOP):
-    def __init__(self, num_experts: int, hidden: int, inter: int, *, dtype: torch.dtype, device: torch.device, backend: str = "auto"):
+    def __init__(self, num_experts: int, hidden: int, inter: int, *, dtype: torch.dtype, device: torch.device,
+                 backend: str = "auto"):
         tp = get_tp_info().size
         assert inter % tp == 0, f"expert width {inter} does not split over {tp} ranks"
         self.num_experts = num_experts
@@ -53,7 +54,8 @@ class FusedMoE(BaseOP):
             return "gate_up_proj", (expert, slice(part * n, (part + 1) * n)), rows
         return "down_proj", (expert, slice(None)), tensor[:, tp.rank * n : (tp.rank + 1) * n]
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                backend: Optional[str] = None) -> torch.Tensor:
         """x `[tokens, hidden]`, routing `[tokens, top_k]` -> `[tokens, hidden]` (all-reduced)."""
         backend = backend or self._backend
         if backend == "triton" and x.is_cuda:

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from minisgl.layers.activation import silu_and_mul
 
 
-def moe_forward_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+def moe_forward_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor) -> torch.Tensor:
     """x `[tokens, hidden]`, w13 `[experts, 2 * inter, hidden]` (gate rows, then up rows),
     w2 `[experts, hidden, inter]`, topk_* `[tokens, top_k]` -> `[tokens, hidden]`."""
     out = torch.zeros_like(x)

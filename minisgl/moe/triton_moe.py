@@ -26,7 +26,8 @@ from .align import AlignedRows, moe_align_block_size
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weight_ptr,  # a [a_rows, K] (row r reads a[r // a_div]); b [experts, N, K]; c [rows, N]; weights [rows]
+    # a [a_rows, K] (row r reads a[r // a_div]); b [experts, N, K]; c [rows, N]; weights [rows]
+    a_ptr, b_ptr, c_ptr, weight_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_rows, N, K, a_div,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     MUL_WEIGHT: tl.constexpr,  # scale each row by its routing weight
@@ -63,7 +64,8 @@ def _grouped_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n[None, :] < N))
 
 
-def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, aligned: AlignedRows, a_div: int, weights: torch.Tensor | None) -> None:
+def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, aligned: AlignedRows, a_div: int,
+                  weights: torch.Tensor | None) -> None:
     num_rows, n = c.shape
     k = b.shape[2]
     block_n = 64 if n >= 64 else 32
@@ -84,7 +86,8 @@ def block_size_for(num_rows: int, num_experts: int) -> int:
     return 16 if num_rows <= 2 * num_experts * 16 else 64
 
 
-def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
     """Same contract as `moe_forward_torch`: `[tokens, hidden]` in, `[tokens, hidden]` out."""
     tokens, top_k = topk_ids.shape
     num_experts, two_inter, hidden = w13.shape

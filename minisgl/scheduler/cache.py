@@ -59,7 +59,8 @@ class CacheManager:
             freed = self.prefix_cache.evict((n - self.free_pages) * self.page_size)
             self._release_slots(freed)
         if n > self.free_pages:
-            raise MemoryError(f"out of KV pages: need {n}, have {self.free_pages} (admission control should prevent this)")
+            raise MemoryError(f"out of KV pages: need {n}, have {self.free_pages} (admission control should prevent "
+                              "this)")
         self._settle(wait=n > len(self._free_pages))
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
         return pages
@@ -154,5 +155,6 @@ class CacheManager:
             owned.append(self._pages_of(self.page_table[req.table_idx, start:end]))
         pages = torch.cat(owned)
         assert len(pages) == self.num_pages and len(torch.unique(pages)) == self.num_pages, (
-            f"KV pages leaked or shared: {len(torch.unique(pages))} distinct of {len(pages)} listed, pool has {self.num_pages}"
+            f"KV pages leaked or shared: {len(torch.unique(pages))} distinct of {len(pages)} listed, pool has "
+            f"{self.num_pages}"
         )

@@ -14,7 +14,8 @@ def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
     if schedule_policy not in SCHEDULE_POLICIES:
         raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
     if schedule_policy == "lpm" and prefix_cache != "radix":
-        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs prefix_cache='radix'")
+        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs "
+                         "prefix_cache='radix'")
 
 
 PREFIX_CACHES = ("radix", "naive")
@@ -26,11 +27,13 @@ class SchedulerConfig:
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefix_cache: str = field(default="radix", metadata={
-        "choices": PREFIX_CACHES, "aliases": ("cache_type",), "help": "radix reuses shared prompt prefixes; naive reuses nothing"})
+        "choices": PREFIX_CACHES, "aliases": ("cache_type",),
+        "help": "radix reuses shared prompt prefixes; naive reuses nothing"})
     # None is resolved in __post_init__, to a budget suited to the device, so that one long
     # prompt never makes a step of many seconds
     max_extend_tokens: Optional[int] = field(default=None, metadata={
-        "help": "prefill token budget per step; longer prompts are chunked; default: on a GPU 8192 for a server, 16384 offline; on the CPU 256 for a server, 4096 offline"})
+        "help": "prefill token budget per step; longer prompts are chunked; default: on a GPU 8192 for a server, "
+                "16384 offline; on the CPU 256 for a server, 4096 offline"})
     schedule_policy: str = field(default="fcfs", metadata={
         "choices": tuple(SCHEDULE_POLICIES),
         "help": "order waiting requests by arrival (fcfs) or longest cached prefix first (lpm, needs the radix cache)"})
@@ -39,13 +42,16 @@ class SchedulerConfig:
     overlap: bool = field(default_factory=lambda: not ENV.disable_overlap, metadata={
         "help": "plan step N+1 while step N runs; default: on, unless MINISGL_DISABLE_OVERLAP=1"})
     # set by the offline `LLM` front end, which is judged by its total time, not by its streams
-    offline: bool = field(default=False, metadata={"cli": False, "help": "no user watches a stream: prefill in fewer, fuller steps"})
+    offline: bool = field(default=False, metadata={"cli": False, "help": "no user watches a stream: prefill in fewer, "
+                                                                         "fuller steps"})
     check_integrity: bool = field(default_factory=lambda: ENV.check_integrity, metadata={
-        "help": "check every table row and KV page after each step (slow); default: off, unless MINISGL_CHECK_INTEGRITY=1"})
+        "help": "check every table row and KV page after each step (slow); default: off, unless "
+                "MINISGL_CHECK_INTEGRITY=1"})
 
     def __post_init__(self) -> None:
         if self.max_extend_tokens is None:
-            object.__setattr__(self, "max_extend_tokens", default_extend_budget(self.engine.torch_device.type, self.offline))
+            budget = default_extend_budget(self.engine.torch_device.type, self.offline)
+            object.__setattr__(self, "max_extend_tokens", budget)
         if self.prefix_cache not in PREFIX_CACHES:
             raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHES)}; got {self.prefix_cache!r}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)

@@ -71,7 +71,8 @@ class SchedulerIO(TensorParallelMixin, Scheduler):
         aside = self.grammar.aside
         if aside is not None and aside.busy and timeout_s is not None:
             timeout_s = min(timeout_s, 0.01)  # a compile may finish any moment: do not sleep through it
-        got = [] if timeout_s is not None and not self.recv_queue.socket.poll(int(timeout_s * 1000)) else self.recv_queue.get_nowait()
+        idle = timeout_s is not None and not self.recv_queue.socket.poll(int(timeout_s * 1000))
+        got = [] if idle else self.recv_queue.get_nowait()
         for (ids, params, uid), error in self.grammar.compiled():
             try:
                 if error is not None:

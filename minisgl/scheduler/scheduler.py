@@ -128,16 +128,22 @@ class Scheduler:
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token")
         if n + params.max_tokens > self.max_seq_len:
+            if n < self.max_seq_len:
+                fix = f"shorten the prompt or lower max_tokens to at most {self.max_seq_len - n}"
+            else:
+                fix = f"shorten the prompt to at most {self.max_seq_len - 1} tokens"
             raise InvalidRequestError(
                 f"prompt has {n} tokens and max_tokens is {params.max_tokens}, but the context is "
-                f"{self.max_seq_len} tokens: " + (f"shorten the prompt or lower max_tokens to at most {self.max_seq_len - n}" if n < self.max_seq_len else f"shorten the prompt to at most {self.max_seq_len - 1} tokens")
+                f"{self.max_seq_len} tokens: {fix}"
             )
         if params.min_tokens > params.max_tokens:
-            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})")
+            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) is larger than max_tokens "
+                                      f"({params.max_tokens})")
         vocab = self.engine.model_config.vocab_size
         for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", [t for t, _ in params.logit_bias])):
             if any(t >= vocab for t in ids):
-                raise InvalidRequestError(f"{name} names token {max(ids)}, but the model's vocabulary has {vocab} tokens (ids 0..{vocab - 1})")
+                raise InvalidRequestError(f"{name} names token {max(ids)}, but the model's vocabulary has {vocab} "
+                                          f"tokens (ids 0..{vocab - 1})")
         if div_ceil(n + params.max_tokens - 1, self.cache.page_size) > self.cache.num_pages:
             raise InvalidRequestError(
                 f"prompt ({n}) plus max_tokens ({params.max_tokens}) needs more KV memory than the pool "
@@ -146,7 +152,8 @@ class Scheduler:
         if params.json_mode != "off":
             self.grammar.compile(params)  # a schema xgrammar cannot use is refused here (compiled once, cached)
 
-    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
+    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams,
+                    uid: Optional[int] = None) -> int:
         """Queue a request (raises InvalidRequestError before queueing if it can never run)."""
         ids = torch.as_tensor(input_ids, dtype=torch.int32).flatten().cpu()
         self.validate(ids, params)
@@ -224,10 +231,12 @@ class Scheduler:
 
     def launch(self, batch: Batch) -> ForwardResult:
         self.prepare(batch)
-        self.trace.append(StepTrace(self._step, batch.phase, [r.uid for r in batch.reqs], [r.extend_len for r in batch.reqs], [r.cached_len for r in batch.reqs]))
+        self.trace.append(StepTrace(self._step, batch.phase, [r.uid for r in batch.reqs],
+                                    [r.extend_len for r in batch.reqs], [r.cached_len for r in batch.reqs]))
         self._step += 1
         sampled = [not r.is_chunk for r in batch.reqs]
-        plan = make_sampling_plan(batch.reqs, self.engine.model_config.vocab_size, self.device, self.table.token_pool, self.eos_ids, self.grammar.fill(batch.reqs))
+        plan = make_sampling_plan(batch.reqs, self.engine.model_config.vocab_size, self.device, self.table.token_pool,
+                                  self.eos_ids, self.grammar.fill(batch.reqs))
         out = self.engine.forward_batch(batch, plan)  # moves each ledger on
         if batch.phase == "prefill":  # the next step's admissions may reuse these prompts
             for r in batch.reqs:
@@ -236,15 +245,18 @@ class Scheduler:
         # the sampled token goes where the next step will read it, without a host round trip
         keep = [i for i, s in enumerate(sampled) if s]
         if keep:
-            where = torch.tensor([keep, [batch.reqs[i].table_idx for i in keep], [batch.reqs[i].device_len - 1 for i in keep]])
+            where = torch.tensor([keep, [batch.reqs[i].table_idx for i in keep],
+                                  [batch.reqs[i].device_len - 1 for i in keep]])
             if self.device.type == "cuda":
                 where = where.pin_memory()
             where = where.to(self.device, non_blocking=True)
-            self.table.token_pool[where[1], where[2]] = next_tokens if len(keep) == len(sampled) else next_tokens[where[0]]
+            kept = next_tokens if len(keep) == len(sampled) else next_tokens[where[0]]
+            self.table.token_pool[where[1], where[2]] = kept
         self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
         logprobs = None
         if out.logprobs is not None:
-            logprobs = SamplerOutput(next_tokens, _to_host(out.logprobs), _to_host(out.top_ids), _to_host(out.top_logprobs))
+            logprobs = SamplerOutput(next_tokens, _to_host(out.logprobs), _to_host(out.top_ids),
+                                     _to_host(out.top_logprobs))
         host, done = _to_host(next_tokens), None
         if self.device.type == "cuda":
             done = torch.cuda.Event()

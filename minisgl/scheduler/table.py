@@ -34,10 +34,12 @@ class TableManager:
 
     def check_integrity(self, used_rows: List[int]) -> None:
         rows = sorted(self._free_rows + used_rows)
-        assert rows == list(range(self.max_running_reqs)), f"table rows leaked or doubled: {len(rows)} of {self.max_running_reqs}"
+        n = self.max_running_reqs
+        assert rows == list(range(n)), f"table rows leaked or doubled: {len(rows)} of {n}"
 
     @staticmethod
-    def map_pages(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, take_pages: Callable[[int], torch.Tensor]) -> None:
+    def map_pages(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int,
+                  take_pages: Callable[[int], torch.Tensor]) -> None:
         """Give every request slots for positions [cached_len, device_len) in its row of `page_table`.
 
         A request holds whole pages: position i lives in the request's page i // page_size, at

@@ -82,7 +82,8 @@ class TensorParallelMixin:
         self._workers = workers
 
     # ---- mirrored inputs ----------------------------------------------------------------------
-    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams, uid: Optional[int] = None) -> int:
+    def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams,
+                    uid: Optional[int] = None) -> int:
         uid = super().add_request(input_ids, params, uid)
         if self._workers is not None:
             pending = self.prefill.pending[-1]
@@ -131,7 +132,8 @@ class TensorParallelMixin:
         t = torch.tensor([sig, -sig], dtype=torch.int64, device=self.device)
         all_reduce_max(t)
         if t[0].item() != sig or -t[1].item() != sig:
-            raise RankFailedError(f"tensor-parallel ranks scheduled different batches at step {self._step}; this rank's: {batch.phase} {shape}")
+            raise RankFailedError(f"tensor-parallel ranks scheduled different batches at step {self._step}; this "
+                                  f"rank's: {batch.phase} {shape}")
 
     def process_results(self, result: ForwardResult) -> None:
         super().process_results(result)

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, TypeVar
 
 from fastapi import FastAPI, Request
@@ -64,7 +65,8 @@ def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def sse_events(first: UserReply, next_reply: Callable[[], Awaitable[UserReply]], make_chunk: ChunkMaker, include_usage: bool) -> AsyncIterator[str]:
+async def sse_events(first: UserReply, next_reply: Callable[[], Awaitable[UserReply]], make_chunk: ChunkMaker,
+                     include_usage: bool) -> AsyncIterator[str]:
     """The event lines of one streamed request, starting from its first reply.
 
     Order: the opening chunks (`make_chunk(None, None, start=True)`, a list: chat sends the
@@ -87,10 +89,12 @@ async def sse_events(first: UserReply, next_reply: Callable[[], Awaitable[UserRe
 
 
 def usage(reply: UserReply) -> Dict[str, int]:
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens, "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
-async def merged_events(choices: List[Choice], base: Dict[str, Any], usage_of: Callable[[], Dict[str, int]], include_usage: bool) -> AsyncIterator[str]:
+async def merged_events(choices: List[Choice], base: Dict[str, Any], usage_of: Callable[[], Dict[str, int]],
+                        include_usage: bool) -> AsyncIterator[str]:
     """Every choice's `sse_events`, interleaved as they come, then one usage chunk and ``[DONE]``.
     A choice that fails (the engine died, the drain time ran out) ends the stream with an error event."""
     lines: asyncio.Queue = asyncio.Queue()
@@ -127,37 +131,72 @@ async def merged_events(choices: List[Choice], base: Dict[str, Any], usage_of: C
             t.cancel()
 
 
-def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
-    frontend = FrontendManager(backend.addrs) if backend is not None else None
-    lifecycle = Lifecycle()
-    metrics = Metrics()
-    names = {args.model_name, args.engine.model_path}
-    created = int(time.time())
+@dataclass
+class Served:
+    """What the routes share: the settings, the processes behind the server and its counters."""
 
+    args: ServerArgs
+    backend: Optional[Backend]
+    frontend: Optional[FrontendManager]
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    metrics: Metrics = field(default_factory=Metrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def names(self) -> set:
+        """The model names a request may use: the served name or the model's path."""
+        return {self.args.model_name, self.args.engine.model_path}
+
+    def unknown_model(self, name: str) -> JSONResponse:
+        return error(404, f"model {quote(name)} not found: this server serves {self.args.model_name!r}",
+                     param="model", code="model_not_found")
+
+
+def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
+    s = Served(args, backend, FrontendManager(backend.addrs) if backend is not None else None)
+    app = FastAPI(title="minisgl", lifespan=_lifespan(s))
+    app.state.lifecycle, app.state.frontend, app.state.metrics = s.lifecycle, s.frontend, s.metrics
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=args.server.max_request_bytes)
+    app.add_middleware(CountResponses, metrics=s.metrics, routes=ROUTES)  # outermost: it sees the 413s too
+    _status_routes(app, s)
+    _model_routes(app, s)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        return await respond(s, request, body, [body.template_prompt()], chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await respond(s, request, body, body.prompts(), chat=False, echo=body.echo)
+
+    return app
+
+
+def _lifespan(s: Served) -> Callable:
     async def watchdog() -> None:
-        while not lifecycle.dead:
+        while not s.lifecycle.dead:
             await asyncio.sleep(0.25)
-            dead = backend.dead()
+            dead = s.backend.dead()
             if dead:
-                lifecycle.dead = ", ".join(dead)
-                frontend.fail_all(503, lifecycle.refusal())
+                s.lifecycle.dead = ", ".join(dead)
+                s.frontend.fail_all(503, s.lifecycle.refusal())
                 await asyncio.sleep(0.5)  # the handlers answer their clients
-                lifecycle.stop_serving()
+                s.lifecycle.stop_serving()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        frontend.start()
+        s.frontend.start()
         watch = asyncio.get_running_loop().create_task(watchdog())
         yield
         watch.cancel()
-        await frontend.stop()
+        await s.frontend.stop()
 
-    app = FastAPI(title="minisgl", lifespan=lifespan)
-    app.state.lifecycle, app.state.frontend, app.state.metrics = lifecycle, frontend, metrics
-    install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=args.server.max_request_bytes)
+    return lifespan
 
-    app.add_middleware(CountResponses, metrics=metrics, routes=ROUTES)  # outermost: it sees the 413s too
+
+def _status_routes(app: FastAPI, s: Served) -> None:
+    frontend, lifecycle, metrics = s.frontend, s.lifecycle, s.metrics
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -168,7 +207,8 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
             st = await frontend.status(timeout_s=2.0)
         except asyncio.TimeoutError:  # alive (the watchdog says so) and in a long step
             last = {k: v for k, v in vars(frontend.last_status).items() if k != "uid"} if frontend.last_status else {}
-            return JSONResponse({**last, "status": "busy", "message": "the scheduler is in a long step; these counts are from before it"})
+            message = "the scheduler is in a long step; these counts are from before it"
+            return JSONResponse({**last, "status": "busy", "message": message})
         body = {k: v for k, v in vars(st).items() if k != "uid"}
         return JSONResponse({"status": "ok", **body})
 
@@ -182,8 +222,11 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
         metrics.scheduler.status = frontend.last_status
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+
+def _model_routes(app: FastAPI, s: Served) -> None:
     def card() -> Dict[str, Any]:
-        return {"id": args.model_name, "object": "model", "created": created, "owned_by": "minisgl", "max_model_len": backend.info["max_seq_len"]}
+        return {"id": s.args.model_name, "object": "model", "created": s.created, "owned_by": "minisgl",
+                "max_model_len": s.backend.info["max_seq_len"]}
 
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
@@ -191,80 +234,79 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Any:
-        if model_id not in names:
-            return error(404, f"model {quote(model_id)} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
-        return card()
+        return card() if model_id in s.names else s.unknown_model(model_id)
 
-    async def respond(request: Request, body: _Common, prompts: List[Any], chat: bool, echo: bool = False) -> Any:
-        if body.model not in names:
-            return error(404, f"model {quote(body.model)} not found: this server serves {args.model_name!r}", param="model", code="model_not_found")
-        refusal = lifecycle.refusal()
-        if refusal:
-            return error(503, refusal)
-        params = [body.sampling_params(j) for j in range(body.n)]  # a refused value fails here, before any submit
-        wait = lambda aw: until_done_or_gone(request, aw)  # noqa: E731
-        choices: List[Choice] = []
-        try:
-            if body.n > 1 and args.scheduler.prefix_cache == "radix":
-                await gather_or_cancel([warm_up(p, chat, wait) for p in prompts])
-            for i, prompt in enumerate(prompts):
-                for j, p in enumerate(params):
-                    stream = await frontend.submit(prompt, chat, p, body.limit() is None, body.stop_list(), echo)
-                    choices.append(Choice(i * body.n + j, stream, chat, p.logprobs >= 0, wait, tools=chat and body.offers_tools()))
-            await gather_or_cancel([c.next() for c in choices])
-            base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{choices[0].stream.uid}", "created": int(time.time()), "model": args.model_name}
-            if not body.stream:
-                await gather_or_cancel([c.finish() for c in choices])
-                record(choices, body.n)
-                kind = "chat.completion" if chat else "text_completion"
-                return {**base, "object": kind, "choices": [c.final() for c in choices], "usage": total_usage(choices, len(prompts))}
-        except RequestFailed as e:
-            return error(e.status, e.message)
-        except ClientGone:
-            return error(499, "client closed the request")
-        finally:
-            if not body.stream or not all(c.first for c in choices):
-                close(choices)
 
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        base["object"] = "chat.completion.chunk" if chat else "text_completion"
+async def respond(s: Served, request: Request, body: _Common, prompts: List[Any], chat: bool,
+                  echo: bool = False) -> Any:
+    """Submit every (prompt, choice) pair, wait for each first reply, then answer whole or as a stream."""
+    if body.model not in s.names:
+        return s.unknown_model(body.model)
+    refusal = s.lifecycle.refusal()
+    if refusal:
+        return error(503, refusal)
+    params = [body.sampling_params(j) for j in range(body.n)]  # a refused value fails here, before any submit
+    wait = lambda aw: until_done_or_gone(request, aw)  # noqa: E731
+    choices: List[Choice] = []
+    try:
+        if body.n > 1 and s.args.scheduler.prefix_cache == "radix":
+            await gather_or_cancel([warm_up(s, p, chat, wait) for p in prompts])
+        for i, prompt in enumerate(prompts):
+            for j, p in enumerate(params):
+                stream = await s.frontend.submit(prompt, chat, p, body.limit() is None, body.stop_list(), echo)
+                choices.append(Choice(i * body.n + j, stream, chat, p.logprobs >= 0, wait,
+                                      tools=chat and body.offers_tools()))
+        await gather_or_cancel([c.next() for c in choices])
+        base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{choices[0].stream.uid}", "created": int(time.time()),
+                "model": s.args.model_name}
+        if not body.stream:
+            await gather_or_cancel([c.finish() for c in choices])
+            record(s, choices, body.n)
+            kind = "chat.completion" if chat else "text_completion"
+            return {**base, "object": kind, "choices": [c.final() for c in choices],
+                    "usage": total_usage(choices, len(prompts))}
+    except RequestFailed as e:
+        return error(e.status, e.message)
+    except ClientGone:
+        return error(499, "client closed the request")
+    finally:
+        if not body.stream or not all(c.first for c in choices):
+            close(choices)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    base["object"] = "chat.completion.chunk" if chat else "text_completion"
+    return StreamingResponse(stream_events(s, choices, base, len(prompts), body.n, include_usage),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        async def events() -> AsyncIterator[str]:
-            try:
-                async for line in merged_events(choices, base, lambda: total_usage(choices, len(prompts)), include_usage):
-                    yield line
-                record(choices, body.n)
-            finally:
-                close(choices)  # runs on normal end, on ClientGone, and when Starlette cancels us
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+async def stream_events(s: Served, choices: List[Choice], base: Dict[str, Any], prompts: int, n: int,
+                        include_usage: bool) -> AsyncIterator[str]:
+    try:
+        async for line in merged_events(choices, base, lambda: total_usage(choices, prompts), include_usage):
+            yield line
+        record(s, choices, n)
+    finally:
+        close(choices)  # runs on normal end, on ClientGone, and when Starlette cancels us
 
-    async def warm_up(prompt: Any, chat: bool, wait: Callable) -> None:
-        """Run the prompt alone with one token to generate, so its KV lands in the radix cache."""
-        stream = await frontend.submit(prompt, chat, SamplingParams(max_tokens=1))
-        try:
-            while not (await wait(stream.next())).finished:
-                pass
-        finally:
-            stream.close()
 
-    def record(choices: List[Choice], n: int) -> None:
-        now = time.monotonic()
-        for c in choices:
-            if c.last is not None and c.last.finished:
-                first_of_prompt = c.index % n == 0  # its siblings share the prompt
-                metrics.observe_choice(c.last.prompt_tokens if first_of_prompt else 0, c.last.completion_tokens, c.first_token_s, now - c.submitted)
+async def warm_up(s: Served, prompt: Any, chat: bool, wait: Callable) -> None:
+    """Run the prompt alone with one token to generate, so its KV lands in the radix cache."""
+    stream = await s.frontend.submit(prompt, chat, SamplingParams(max_tokens=1))
+    try:
+        while not (await wait(stream.next())).finished:
+            pass
+    finally:
+        stream.close()
 
-    def close(choices: List[Choice]) -> None:
-        for c in choices:
-            c.stream.close()  # aborts the request unless it finished
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        return await respond(request, body, [body.template_prompt()], chat=True)
+def record(s: Served, choices: List[Choice], n: int) -> None:
+    now = time.monotonic()
+    for c in choices:
+        if c.last is not None and c.last.finished:
+            first_of_prompt = c.index % n == 0  # its siblings share the prompt
+            s.metrics.observe_choice(c.last.prompt_tokens if first_of_prompt else 0, c.last.completion_tokens,
+                                     c.first_token_s, now - c.submitted)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await respond(request, body, body.prompts(), chat=False, echo=body.echo)
 
-    return app
+def close(choices: List[Choice]) -> None:
+    for c in choices:
+        c.stream.close()  # aborts the request unless it finished

@@ -19,19 +19,28 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 class ServerConfig:
     """the HTTP server and the terminal shell"""
 
-    served_model_name: Optional[str] = field(default=None, metadata={"help": "name clients use in the 'model' field; default: the model folder's name"})
-    tokenizer: Optional[str] = field(default=None, metadata={"help": "tokenizer directory; default: the model directory"})
+    served_model_name: Optional[str] = field(default=None, metadata={"help": "name clients use in the 'model' field; "
+                                                                             "default: the model folder's name"})
+    tokenizer: Optional[str] = field(default=None, metadata={"help": "tokenizer directory; default: the model "
+                                                                     "directory"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=1919, metadata={"help": "port to listen on"})
     shell: bool = field(default=False, metadata={"help": "chat in the terminal instead of serving HTTP"})
-    shell_max_tokens: Optional[int] = field(default=None, metadata={"help": "most tokens per reply in the shell; default: up to the context length"})
+    shell_max_tokens: Optional[int] = field(default=None, metadata={"help": "most tokens per reply in the shell; "
+                                                                            "default: up to the context length"})
     log_level: str = field(default="warning", metadata={"choices": LOG_LEVELS, "help": "log verbosity of the server"})
-    max_request_bytes: int = field(default=2 * 1024 * 1024, metadata={"help": "largest request body accepted, in bytes; a larger one gets 413 before it is parsed"})
+    max_request_bytes: int = field(default=2 * 1024 * 1024, metadata={"help": "largest request body accepted, in "
+                                                                              "bytes; a larger one gets 413 before it "
+                                                                              "is parsed"})
     grammar_timeout_s: float = field(default=10.0, metadata={
-        "flag": "grammar_timeout", "help": "seconds a response_format JSON schema may take to compile (beside the engine's loop); a slower one is refused with a 400"})
-    max_schema_bytes: int = field(default=64 * 1024, metadata={"help": "largest response_format JSON schema accepted, in bytes; a larger one is refused with a 400 before it is compiled"})
+        "flag": "grammar_timeout", "help": "seconds a response_format JSON schema may take to compile (beside the "
+                                           "engine's loop); a slower one is refused with a 400"})
+    max_schema_bytes: int = field(default=64 * 1024, metadata={"help": "largest response_format JSON schema accepted, "
+                                                                       "in bytes; a larger one is refused with a 400 "
+                                                                       "before it is compiled"})
     drain_timeout_s: float = field(default=30.0, metadata={
-        "flag": "drain_timeout", "help": "seconds in-flight requests may still run after SIGTERM or Ctrl-C; the rest then end with an error"})
+        "flag": "drain_timeout", "help": "seconds in-flight requests may still run after SIGTERM or Ctrl-C; the rest "
+                                         "then end with an error"})
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -39,7 +48,8 @@ class ServerConfig:
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
         if self.grammar_timeout_s <= 0 or self.max_schema_bytes < 1:
-            raise ValueError(f"grammar_timeout_s and max_schema_bytes must be positive, got {self.grammar_timeout_s} and {self.max_schema_bytes}")
+            raise ValueError(f"grammar_timeout_s and max_schema_bytes must be positive, got {self.grammar_timeout_s} "
+                             f"and {self.max_schema_bytes}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
 
@@ -70,7 +80,9 @@ class ServerArgs:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minisgl", description="Serve a model with an OpenAI-compatible API, or chat with it in the terminal (--shell).")
+    p = argparse.ArgumentParser(prog="python -m "
+                                     "minisgl", description="Serve a model with an OpenAI-compatible API, or chat "
+                                                            "with it in the terminal (--shell).")
     add_config_flags(p, ServerArgs)
     return p
 

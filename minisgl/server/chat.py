@@ -73,7 +73,8 @@ class ChatMessage(_Strict):
         for i, part in enumerate(self.content if isinstance(self.content, list) else []):
             kind = part.get("type")
             if kind != "text":
-                raise Unsupported(f"content.{i}.type", f"{quote(kind)} parts are not supported: this server's models read text only")
+                raise Unsupported(f"content.{i}.type", f"{quote(kind)} parts are not supported: this server's models "
+                                                       "read text only")
             if not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
                 raise Unsupported(f"content.{i}", "a text part is {\"type\": \"text\", \"text\": \"...\"}")
         return self
@@ -94,7 +95,8 @@ class ChatMessage(_Strict):
                 try:
                     args = json.loads(c.function.arguments)
                 except json.JSONDecodeError:
-                    raise Unsupported("tool_calls", f"arguments of {quote(c.function.name)} are not JSON: {quote(c.function.arguments)}") from None
+                    raise Unsupported("tool_calls", f"arguments of {quote(c.function.name)} are not JSON: "
+                                                    f"{quote(c.function.arguments)}") from None
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
             out["tool_calls"] = calls
         if self.tool_call_id is not None:
@@ -126,15 +128,18 @@ class ChatCompletionRequest(_Common):
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
         if self.tool_choice not in (None, "none", "auto"):
-            raise Unsupported("tool_choice", f"{quote(self.tool_choice)} is not supported: only 'auto' (the model decides) and 'none'; this server cannot force a tool call")
+            raise Unsupported("tool_choice", f"{quote(self.tool_choice)} is not supported: only 'auto' (the model "
+                                             "decides) and 'none'; this server cannot force a tool call")
         if self.tool_choice == "auto" and not self.tools:
             raise Unsupported("tool_choice", "'auto' needs tools to choose from")
         if self.tools and len({t.function.name for t in self.tools}) < len(self.tools):
             raise Unsupported("tools", "two tools have the same name")
         if self.offers_tools() and self.stream:
-            raise Unsupported("stream", "streaming with tools is not supported (a tool call is known only once complete): send stream false, or no tools")
+            raise Unsupported("stream", "streaming with tools is not supported (a tool call is known only once "
+                                        "complete): send stream false, or no tools")
         if self.parallel_tool_calls is False and self.offers_tools():
-            raise Unsupported("parallel_tool_calls", "false is not supported: the model may call several tools in one reply")
+            raise Unsupported("parallel_tool_calls", "false is not supported: the model may call several tools in one "
+                                                     "reply")
         if self.functions or self.function_call not in (None, "none"):
             raise Unsupported("functions" if self.functions else "function_call", "function calling is not supported")
         if self.modalities not in (None, ["text"]):

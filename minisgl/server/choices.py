@@ -25,7 +25,8 @@ from .tool_calls import parse_tool_calls
 
 
 class Choice:
-    def __init__(self, index: int, stream: RequestStream, chat: bool, logprobs: bool, waiter: Callable[[Awaitable[UserReply]], Awaitable[UserReply]],
+    def __init__(self, index: int, stream: RequestStream, chat: bool, logprobs: bool,
+                 waiter: Callable[[Awaitable[UserReply]], Awaitable[UserReply]],
                  tools: bool = False):
         self.index = index
         self.stream = stream
@@ -73,7 +74,8 @@ class Choice:
         if not self.want_logprobs:
             return None
         top = lambda e: [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in e.top]  # noqa: E731
-        return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": top(e)} for e in entries], "refusal": None}
+        return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+                             "top_logprobs": top(e)} for e in entries], "refusal": None}
 
     def _completion_logprobs(self, entries: List[TokenLogprob]) -> Optional[Dict[str, Any]]:
         """Offsets count characters from the start of the choice's text (echo never comes with
@@ -95,7 +97,8 @@ class Choice:
     def chunk(self, base: Dict[str, Any], text: Optional[str], reason: Optional[str], start: bool = False) -> Any:
         if self.chat:
             if start:
-                return [{**base, "choices": [{"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}]
+                choice = {"index": self.index, "delta": {"role": "assistant", "content": ""}}
+                return [{**base, "choices": [{**choice, "logprobs": None, "finish_reason": None}]}]
             delta = {"content": text} if text is not None else {}
             lp = self._chat_logprobs(self._take_unsent()) if text is not None or reason is not None else None
             return {**base, "choices": [{"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
@@ -114,8 +117,10 @@ class Choice:
                     content, calls = parsed.content, parsed.tool_calls
                     reason = "tool_calls" if reason == "stop" else reason  # a reply cut by max_tokens stays "length"
             message = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls}
-            return {"index": self.index, "message": message, "logprobs": self._chat_logprobs(self.logprobs), "finish_reason": reason}
-        return {"index": self.index, "text": self.text, "logprobs": self._completion_logprobs(self.logprobs), "finish_reason": reason}
+            return {"index": self.index, "message": message, "logprobs": self._chat_logprobs(self.logprobs),
+                    "finish_reason": reason}
+        return {"index": self.index, "text": self.text, "logprobs": self._completion_logprobs(self.logprobs),
+                "finish_reason": reason}
 
 
 def total_usage(choices: List[Choice], prompts: int) -> Dict[str, int]:

@@ -47,7 +47,8 @@ class DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + self.drain_s
         while self.frontend.open and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self.frontend.fail_all(503, f"the server shut down before this request finished (drain time {self.drain_s:g} s)"):
+        if self.frontend.fail_all(503, "the server shut down before this request finished (drain time "
+                                       f"{self.drain_s:g} s)"):
             await asyncio.sleep(0.5)  # the handlers answer their clients
         self.should_exit = True
 
@@ -57,10 +58,12 @@ def serve(args: ServerArgs) -> None:
     process of the engine dies (exit status 1)."""
     with Backend(args) as backend:
         app = create_app(args, backend)
-        config = uvicorn.Config(app, host=args.server.host, port=args.server.port, log_level=args.server.log_level, timeout_graceful_shutdown=3)
+        config = uvicorn.Config(app, host=args.server.host, port=args.server.port, log_level=args.server.log_level,
+                                timeout_graceful_shutdown=3)
         server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.server.drain_timeout_s)
         app.state.lifecycle.stop_serving = server.stop_now
-        print(f"minisgl: serving {args.model_name} on http://{args.server.host}:{args.server.port} (device {backend.info['device']})", flush=True)
+        print(f"minisgl: serving {args.model_name} on http://{args.server.host}:{args.server.port} (device "
+              f"{backend.info['device']})", flush=True)
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
         # handlers it found installed; these turn that into a normal return, so `Backend` stops
         # the other processes and we exit with status 0

@@ -32,7 +32,8 @@ MAX_MESSAGE_CHARS = 1000  # any error message, whatever it quotes
 _STRING = re.compile(rb'"[^"]*"')  # a JSON string once its escapes are gone
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
-_KIND = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
+_KIND = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+         413: "invalid_request_error", 503: "service_unavailable"}
 
 
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> Dict[str, Any]:
@@ -73,7 +74,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}: see /v1/models, /v1/completions, /v1/chat/completions"
+            routes = "/v1/models, /v1/completions, /v1/chat/completions"
+            message = f"no route {request.method} {request.url.path}: see {routes}"
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
         else:
@@ -112,14 +114,17 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def _too_large(self, send: Callable[[dict], Awaitable[None]]) -> None:
-        await self._refuse(send, 413, f"the request body is over the limit of {self.max_bytes} bytes (--max-request-bytes)")
+        await self._refuse(send, 413, f"the request body is over the limit of {self.max_bytes} bytes "
+                                      "(--max-request-bytes)")
 
     async def _refuse(self, send: Callable[[dict], Awaitable[None]], status: int, message: str) -> None:
         body = json.dumps(error_body(status, message)).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", ())).get(b"content-length")
@@ -138,7 +143,8 @@ class BodyLimit:
                 break
         depth = json_depth(b"".join(chunks))
         if depth > MAX_DEPTH:
-            return await self._refuse(send, 400, f"the request body nests arrays and objects {depth} levels deep; this server accepts at most {MAX_DEPTH}")
+            return await self._refuse(send, 400, f"the request body nests arrays and objects {depth} levels deep; "
+                                                 f"this server accepts at most {MAX_DEPTH}")
         replayed = False
 
         async def replay() -> dict:

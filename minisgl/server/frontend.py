@@ -75,7 +75,8 @@ class FrontendManager:
         self.queues[stream.uid] = stream.queue
         self.open[stream.uid] = stream
         try:
-            await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context, list(stop or []), echo))
+            await self.to_tokenizer.put(TokenizeMsg(stream.uid, prompt, chat, params, max_tokens_from_context,
+                                                    list(stop or []), echo))
         except BaseException:  # not sent (or cancelled while sending): it must not stay open, or a drain waits for it
             stream.close()
             raise

@@ -35,7 +35,8 @@ class Addresses:
 
     @staticmethod
     def in_folder(folder: str) -> "Addresses":
-        return Addresses(*(f"ipc://{folder}/{name}" for name in ("api_to_tok", "tok_to_api", "tok_to_sched", "sched_to_tok")))
+        return Addresses(*(f"ipc://{folder}/{name}" for name in ("api_to_tok", "tok_to_api", "tok_to_sched",
+                                                                 "sched_to_tok")))
 
 
 class LaunchError(RuntimeError):
@@ -69,11 +70,13 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
 
         sched = SchedulerIO(args.scheduler, addrs.tokenizer_to_scheduler, addrs.scheduler_to_tokenizer)
         # JSON schemas compile beside the loop, so one slow schema never stalls the other streams
-        sched.grammar.aside = AsideCompiler(sched.grammar, CompileLimits(args.server.grammar_timeout_s, args.server.max_schema_bytes))
+        limits = CompileLimits(args.server.grammar_timeout_s, args.server.max_schema_bytes)
+        sched.grammar.aside = AsideCompiler(sched.grammar, limits)
     except Exception as e:  # reported to the parent, which prints it and exits
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise
-    device = str(sched.device) + (f", tensor parallel over {args.engine.tp_size} ranks" if args.engine.tp_size > 1 else "")
+    device = str(sched.device) + (f", tensor parallel over {args.engine.tp_size} "
+                                  "ranks" if args.engine.tp_size > 1 else "")
     ready.send(("ok", {"max_seq_len": sched.max_seq_len, "num_pages": sched.cache.num_pages, "device": device}))
     sched.run_forever(parent_pid)
 
@@ -128,7 +131,8 @@ class Backend:
         try:
             status, payload = parent.recv()
         except EOFError:
-            raise LaunchError(f"the {name} process died while starting (exit code {proc.exitcode}); see its output above") from None
+            raise LaunchError(f"the {name} process died while starting (exit code {proc.exitcode}); see its output "
+                              "above") from None
         if status != "ok":
             raise LaunchError(f"the {name} process failed to start: {payload}")
         return payload

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from minisgl.message import StatusMsg
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# seconds: a CPU step of a small model is ~10 ms, a long prefill on it many seconds
+# seconds: from a fast GPU step to a long prefill on the CPU
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -36,7 +36,8 @@ class _SchedulerCollector(Collector):
         gauges = {
             "minisgl_queue_length": ("requests waiting to be admitted", st.waiting_requests),
             "minisgl_running_requests": ("requests admitted and not finished (prefill or decode)", st.running_requests),
-            "minisgl_kv_pages_used": ("KV pages held by running requests", st.total_pages - st.free_pages - st.cached_pages),
+            "minisgl_kv_pages_used": ("KV pages held by running requests",
+                                      st.total_pages - st.free_pages - st.cached_pages),
             "minisgl_kv_pages_cached": ("KV pages held by the prefix cache (reusable, evictable)", st.cached_pages),
             "minisgl_kv_pages_total": ("KV pages in the pool", st.total_pages),
         }
@@ -44,7 +45,8 @@ class _SchedulerCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=value)
         counters = {
             "minisgl_scheduler_prompt_tokens": ("prompt tokens of admitted requests", st.prompt_tokens),
-            "minisgl_prefix_cache_hit_tokens": ("prompt tokens found in the prefix cache (not computed again)", st.prefix_hit_tokens),
+            "minisgl_prefix_cache_hit_tokens": ("prompt tokens found in the prefix cache (not computed again)",
+                                                st.prefix_hit_tokens),
             "minisgl_aborted_requests": ("requests aborted (client gone, stop string)", st.aborted_requests),
         }
         for name, (doc, value) in counters.items():
@@ -84,11 +86,14 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("minisgl_requests", "HTTP responses, by route and status code", ["route", "code"], registry=r)
+        self.requests = Counter("minisgl_requests", "HTTP responses, by route and status code", ["route", "code"],
+                                registry=r)
         self.prompt_tokens = Counter("minisgl_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.output_tokens = Counter("minisgl_generation_tokens", "tokens generated for finished requests", registry=r)
-        self.ttft = Histogram("minisgl_time_to_first_token_seconds", "from submitting a request to its first token", buckets=_TTFT_BUCKETS, registry=r)
-        self.tpot = Histogram("minisgl_time_per_output_token_seconds", "mean time per token after the first, per request", buckets=_TPOT_BUCKETS, registry=r)
+        self.ttft = Histogram("minisgl_time_to_first_token_seconds", "from submitting a request to its first token",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("minisgl_time_per_output_token_seconds",
+                              "mean time per token after the first, per request", buckets=_TPOT_BUCKETS, registry=r)
         self.scheduler = _SchedulerCollector()
         r.register(self.scheduler)
 

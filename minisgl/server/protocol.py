@@ -222,7 +222,8 @@ class CompletionRequest(_Common):
     def _prompt_shape(cls, v: Any) -> Any:
         """One clear message instead of one per member of the union."""
         ids = lambda x: isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)  # noqa: E731
-        if isinstance(v, str) or ids(v) or (isinstance(v, list) and (all(isinstance(x, str) for x in v) or all(ids(x) for x in v))):
+        texts = isinstance(v, list) and (all(isinstance(x, str) for x in v) or all(ids(x) for x in v))
+        if isinstance(v, str) or ids(v) or texts:
             return v
         raise ValueError("must be a text, a list of token ids, a list of texts, or a list of lists of token ids")
 
@@ -233,7 +234,8 @@ class CompletionRequest(_Common):
         if self.suffix:
             raise Unsupported("suffix", "insertion (text after the completion) is not supported")
         if self.echo and self.logprobs is not None:
-            raise Unsupported("echo", "echo with logprobs needs the prompt's log-probabilities, which this server does not compute")
+            raise Unsupported("echo", "echo with logprobs needs the prompt's log-probabilities, which this server "
+                                      "does not compute")
         if len(self.prompts()) * self.n > MAX_CHOICES:
             raise Unsupported("n", f"{len(self.prompts())} prompts times n={self.n} is more than {MAX_CHOICES} choices")
         return self

@@ -28,7 +28,8 @@ class ShellClient:
         self.from_tokenizer = ZmqPullQueue(backend.addrs.tokenizer_to_api, bind=True)
         self._uids = itertools.count()
 
-    def chat(self, messages: List[Dict[str, str]], params: SamplingParams, max_tokens_from_context: bool) -> Iterator[UserReply]:
+    def chat(self, messages: List[Dict[str, str]], params: SamplingParams,
+             max_tokens_from_context: bool) -> Iterator[UserReply]:
         uid = next(self._uids)
         self.to_tokenizer.put(TokenizeMsg(uid, messages, True, params, max_tokens_from_context))
         finished = False

@@ -47,7 +47,8 @@ def _call(block: str) -> Optional[Dict[str, Any]]:
         text = json.dumps(args, ensure_ascii=False)
     else:
         return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": obj["name"], "arguments": text}}
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": text}}
 
 
 def parse_tool_calls(text: str) -> ParsedReply:

@@ -15,9 +15,10 @@ If `new_text` ends in U+FFFD the last character is still incomplete: send nothin
 the next token. Byte-fallback vocabularies need one more rule: their decoder turns a whole run of
 ``<0xNN>`` tokens into text at once, and an invalid run becomes one U+FFFD per byte -- so a later
 byte token can change how earlier ones read. We therefore also wait while the last token is a
-byte token; the window then always starts and ends on a run boundary. Otherwise send ``new_text[len(prefix_text):]`` and slide the window. Concatenating
-every piece gives exactly ``tokenizer.decode(all_ids)``: a window never starts inside a character,
-because `read_offset` only moves once the text up to it decodes cleanly.
+byte token; the window then always starts and ends on a run boundary. Otherwise send
+``new_text[len(prefix_text):]`` and slide the window. Concatenating every piece gives exactly
+``tokenizer.decode(all_ids)``: a window never starts inside a character, because `read_offset`
+only moves once the text up to it decodes cleanly.
 """
 
 from __future__ import annotations

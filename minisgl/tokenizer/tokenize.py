@@ -40,11 +40,14 @@ def check_renders_tools(tokenizer) -> None:
     try:
         reads = jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(source)) if source else set()
     except jinja2.TemplateSyntaxError as e:
-        raise InvalidRequestError(f"tools: the model's chat template could not be read to check that it renders tools ({e})") from None
+        raise InvalidRequestError("tools: the model's chat template could not be read to check that it renders tools "
+                                  f"({e})") from None
     if "tools" not in reads:
-        raise InvalidRequestError("tools: the model's chat template does not render tools, so they cannot be offered to this model; send the request without tools")
+        raise InvalidRequestError("tools: the model's chat template does not render tools, so they cannot be offered "
+                                  "to this model; send the request without tools")
     if TOOL_CALL_OPEN not in source:
-        raise InvalidRequestError(f"tools: the model's chat template renders tools but does not ask for {TOOL_CALL_OPEN} blocks, the only tool-call format this server reads")
+        raise InvalidRequestError("tools: the model's chat template renders tools but does not ask for "
+                                  f"{TOOL_CALL_OPEN} blocks, the only tool-call format this server reads")
 
 
 def _said(message: Dict[str, Any]) -> List[str]:
@@ -54,7 +57,8 @@ def _said(message: Dict[str, Any]) -> List[str]:
         fn = call["function"]
         pieces.append(fn["name"])
         args = fn["arguments"]
-        pieces += [json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v for v in args.values()] if isinstance(args, dict) else [str(args)]
+        values = args.values() if isinstance(args, dict) else [str(args)]
+        pieces += [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in values]
     return [p for p in pieces if p]
 
 
@@ -71,9 +75,11 @@ class TokenizeManager:
         if tools:
             check_renders_tools(self.tokenizer)
         try:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                      tokenize=False)
         except Exception as e:  # a template error (Jinja, or a `raise_exception` in the template)
-            raise InvalidRequestError(f"the model's chat template cannot render these messages: {type(e).__name__}: {e}") from None
+            raise InvalidRequestError(f"the model's chat template cannot render these messages: {type(e).__name__}: "
+                                      f"{e}") from None
         for i, tool in enumerate(tools or ()):
             name = tool["function"]["name"]
             if name not in text:
@@ -82,7 +88,8 @@ class TokenizeManager:
             missing = [p for p in _said(m) if p not in text]
             if missing:
                 what = "tool calls" if m.get("tool_calls") else f"{m['role']} messages"
-                raise InvalidRequestError(f"messages.{i}: the model's chat template cannot render {what} (it left out {missing[0][:40]!r})")
+                raise InvalidRequestError(f"messages.{i}: the model's chat template cannot render {what} (it left out "
+                                          f"{missing[0][:40]!r})")
         return text
 
     def encode(self, prompt: Prompt, chat: bool) -> List[int]:

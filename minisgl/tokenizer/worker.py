@@ -91,14 +91,16 @@ class TokenizerWorker:
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token")
         if n >= ctx:
-            raise InvalidRequestError(f"prompt has {n} tokens but the model's context is {ctx} tokens: shorten the prompt to at most {ctx - 1} tokens")
+            raise InvalidRequestError(f"prompt has {n} tokens but the model's context is {ctx} tokens: shorten the "
+                                      f"prompt to at most {ctx - 1} tokens")
         params = msg.sampling_params
         if msg.max_tokens_from_context:
             params = dataclasses.replace(params, max_tokens=ctx - n)
         echo = ""
         if msg.echo:
             echo = msg.prompt if isinstance(msg.prompt, str) else self.tokenizer.decode(ids, skip_special_tokens=False)
-        self.streams[msg.uid] = _Stream(IncrementalDetokenizer(self.tokenizer), StopStringFilter(msg.stop), n, params.logprobs >= 0, echo)
+        self.streams[msg.uid] = _Stream(IncrementalDetokenizer(self.tokenizer), StopStringFilter(msg.stop), n,
+                                        params.logprobs >= 0, echo)
         return UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), params)
 
     # ---- scheduler -> API server -----------------------------------------------------------
@@ -127,7 +129,8 @@ class TokenizerWorker:
                 if msg.logprob is None:  # an engine fault: fail this request, keep the worker
                     del self.streams[msg.uid]
                     self.to_scheduler.put(AbortMsg(msg.uid))
-                    return [ErrorReply(msg.uid, 500, "the engine sent a token without the log-probability the request asked for")]
+                    return [ErrorReply(msg.uid, 500, "the engine sent a token without the log-probability the request "
+                                                     "asked for")]
                 st.unsent_logprobs.append(self.texts.entry(msg.token, msg.logprob, msg.top_logprobs))
             text = st.detok.add([msg.token])
         if msg.finish_reason is not None:
@@ -144,7 +147,8 @@ class TokenizerWorker:
             safe, st.echo = st.echo + safe, ""
         if not safe and reason is None:
             return []  # nothing certain yet (half a character, or maybe a stop string)
-        reply = UserReply(msg.uid, safe, reason is not None, reason, st.prompt_tokens, st.completion_tokens, st.unsent_ids, st.unsent_logprobs)
+        reply = UserReply(msg.uid, safe, reason is not None, reason, st.prompt_tokens, st.completion_tokens,
+                          st.unsent_ids, st.unsent_logprobs)
         st.unsent_ids, st.unsent_logprobs = [], []
         if reason is not None:
             del self.streams[msg.uid]

@@ -98,7 +98,8 @@ def build_config(cls: type, options: Dict[str, Any], base: Any = None) -> Any:
         flat[name], spelled[name] = value, key
     unknown = [k for k in options if alias.get(k, k) not in known]
     if unknown:
-        raise UnknownOptionError(unknown, [n for n, (_, f) in known.items() if f.metadata.get("cli", True)], list(alias))
+        raise UnknownOptionError(unknown, [n for n, (_, f) in known.items() if f.metadata.get("cli", True)],
+                                 list(alias))
     return _build(cls, flat, base)
 
 
@@ -115,7 +116,8 @@ def _build(cls: type, flat: Dict[str, Any], base: Any) -> Any:
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, helps: Optional[Dict[str, str]] = None, exclude: Sequence[str] = ()) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, helps: Optional[Dict[str, str]] = None,
+                     exclude: Sequence[str] = ()) -> None:
     """Add a flag for every setting of config class `cls` to `parser`, one argument group per
     dataclass (titled from the class's docstring); `helps` replaces the help text of settings
     whose default a program changes (a benchmark's own model), and `exclude` names settings the
@@ -148,12 +150,16 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, helps: Optional
                 spellings = ["--disable-" + flag[2:]]
             else:
                 spellings = [flag, "--disable-" + flag[2:]]
-            groups[owner].add_argument(*spellings, dest=name, action=_BoolFlag, default=argparse.SUPPRESS, help=help_text)
+            groups[owner].add_argument(*spellings, dest=name, action=_BoolFlag, default=argparse.SUPPRESS,
+                                       help=help_text)
             continue
         if f.default is not dataclasses.MISSING and f.default is not None:
             help_text += f" (default: {f.default})"
-        groups[owner].add_argument(flag, dest=name, type=kind, choices=f.metadata.get("choices"), default=argparse.SUPPRESS,
-                                   metavar=None if "choices" in f.metadata else flag[2:].replace("-", "_").upper(), help=help_text)
+        groups[owner].add_argument(flag, dest=name, type=kind, choices=f.metadata.get("choices"),
+                                   default=argparse.SUPPRESS,
+                                   metavar=None if "choices" in f.metadata else flag[2:].replace("-",
+                                                                                                 "_").upper(),
+                                                                                                 help=help_text)
 
 
 def config_options(ns: argparse.Namespace, cls: type) -> Dict[str, Any]:
@@ -163,7 +169,8 @@ def config_options(ns: argparse.Namespace, cls: type) -> Dict[str, Any]:
 
 def _flag_type(hint: Any) -> type:
     """The type a flag parses to: the hint without Optional; str where it takes a str or more."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
     if str in args or len(args) != 1:
         return str
     return args[0]
@@ -175,5 +182,6 @@ class _BoolFlag(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: Optional[str] = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
         setattr(namespace, self.dest, not (option_string or "").startswith("--disable-"))
