@@ -90,3 +90,10 @@ ENV = EnvSwitches.read()
 def default_model_path() -> Path:
     """The bundled SmolLM2 model prepared by `tools/prepare_models.py`, unless MINISGL_MODEL says otherwise."""
     return Path(ENV.model) if ENV.model else REPO_ROOT / "models" / "smollm2-135m-instruct"
+
+
+def child_environment(package_root: Path) -> dict:
+    """This process's environment for a child process that must import the same copy of minisgl:
+    `package_root` first on PYTHONPATH."""
+    path = os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}

@@ -262,9 +262,10 @@ def test_grade_all_grades_a_class(tmp_path: Path, capsys) -> None:
     files = {"ada": SOLUTION.read_text(), "bob": STARTER.read_text(),
              "hang": SOLUTION.read_text().replace(BODY, "        while self.prompt_len == 10:\n            pass\n" + BODY),
              "crash": "import os\nos._exit(3)\n" + SOLUTION.read_text(),
-             # a fork bomb, bounded: every process forks, eight times over (256), and the copies sleep
+             # a fork bomb, bounded: every process forks, eight times over (256), and the copies sleep;
+             # the first one waits too, so the bomb stands while its cases would run, however busy the machine
              "forks": "import os, time\n_main = os.getpid()\nfor _ in range(8):\n    os.fork()\n"
-                      "if os.getpid() != _main:\n    time.sleep(600)\n    os._exit(0)\n" + SOLUTION.read_text()}
+                      "if os.getpid() != _main:\n    time.sleep(600)\n    os._exit(0)\ntime.sleep(5)\n" + SOLUTION.read_text()}
     files.update({f"wrong-{name}": path.read_text() for name, path in WRONG.items()})
     for learner, text in files.items():
         (subs / learner).mkdir(parents=True)

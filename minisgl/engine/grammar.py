@@ -37,6 +37,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
+from minisgl.env import child_environment
 from minisgl.core import InvalidRequestError, Req, SamplingParams
 
 # "a JSON object" (json_mode="object"): any keys and values, but an object, as OpenAI's json_object
@@ -282,9 +283,7 @@ class AsideCompiler:
             ours, theirs = socket.socketpair()
             cmd = [sys.executable, "-c", "from minisgl.engine.grammar import child_main; "
                                          f"child_main({theirs.fileno()})"]
-            package_root = str(Path(__file__).resolve().parents[2])  # this copy of minisgl, wherever it runs from
-            path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-            env = {**os.environ, "PYTHONPATH": path}
+            env = child_environment(Path(__file__).resolve().parents[2])  # this copy of minisgl, wherever it runs from
             self._child = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
             theirs.close()
             self._conn = Connection(ours.detach())
