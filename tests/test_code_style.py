@@ -105,3 +105,9 @@ def test_engine_comments_quote_no_measurements():
 def test_the_measurement_pattern_sees_a_timing():
     assert MEASUREMENT.search("# 10.7 -> 9.2 us a layer at one request") and MEASUREMENT.search("# 26,070 tok/s")
     assert not MEASUREMENT.search("# rounded to the dtype, as the reference's add")
+
+
+def test_no_line_in_the_engine_runs_over_120_characters():
+    """The linter's limit, counted directly: a `# noqa` cannot hide a long line from this one."""
+    found = [f"{p.relative_to(ROOT)}:{i}" for p, src in _sources() for i, line in enumerate(src.splitlines(), 1) if len(line) > 120]
+    assert not found, found

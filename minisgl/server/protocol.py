@@ -221,7 +221,9 @@ class CompletionRequest(_Common):
     @classmethod
     def _prompt_shape(cls, v: Any) -> Any:
         """One clear message instead of one per member of the union."""
-        ids = lambda x: isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)  # noqa: E731
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
         texts = isinstance(v, list) and (all(isinstance(x, str) for x in v) or all(ids(x) for x in v))
         if isinstance(v, str) or ids(v) or texts:
             return v
