@@ -181,16 +181,23 @@ class Zygote:
                     if p.ppid in parents and p.pid not in servers and p.pid not in running and procs.marked(p.pid)}
 
     @classmethod
+    def _close_input(cls, fresh: bool) -> Optional[subprocess.Popen]:
+        """Forget the server (fresh or not) and close its input, which tells it to exit; None if there is none."""
+        proc = cls._procs.pop(fresh, None)
+        if proc is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        return proc
+
+    @classmethod
     def _retire(cls, fresh: bool) -> None:
         """Let a server go without killing the workers it started: with its input closed it exits,
         and its keepers, adopted by the judge (a subreaper), go on reporting as before."""
-        proc = cls._procs.pop(fresh, None)
+        proc = cls._close_input(fresh)
         if proc is None:
             return
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # stopped, say: end the server alone, not its keepers
@@ -199,13 +206,9 @@ class Zygote:
 
     @classmethod
     def _stop(cls, fresh: bool) -> None:
-        proc = cls._procs.pop(fresh, None)
+        proc = cls._close_input(fresh)
         if proc is None:
             return
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
         if proc.poll() is None:  # alive (or not yet reaped), so its pid is still its own
             procs.kill_tree({proc.pid: None})
         proc.wait()
