@@ -109,6 +109,8 @@ def check(exercise_ids: Optional[List[str]] = None, jobs: int = 2, record: bool 
     t0 = time.perf_counter()
     echo(f"checking {len(ids)} exercises on {current_fingerprint()['device']} with {jobs} parallel jobs")
     all_ok = True
+    for i in ids:  # imported one by one before the checks run side by side: no import races the engine's
+        registry.load(i)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for res in pool.map(lambda i: check_one(i, jobs, record), ids):
             all_ok &= res.ok

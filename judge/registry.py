@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import re
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -39,6 +40,9 @@ def folder(exercise_id: str) -> Path:
 
 
 _LOADED: Dict[str, Exercise] = {}
+# cases register through one module-level list (`take_pending`), and importing the engine from two
+# threads at once can deadlock on its circular imports: one exercise is loaded at a time
+_LOADING = threading.RLock()
 
 
 def _is_engine_module(name: str) -> bool:
@@ -103,6 +107,11 @@ def load(exercise_id: str, cases_dir: Optional[str | Path] = None) -> Exercise:
     """The declared exercise with the cases `exercises/<id>/cases.py` registers (imported once per
     process), and, with `cases_dir`, the instructor's hidden cases of `<cases_dir>/<id>/cases.py`
     after them (their keys start with "hidden:")."""
+    with _LOADING:
+        return _load(exercise_id, cases_dir)
+
+
+def _load(exercise_id: str, cases_dir: Optional[str | Path]) -> Exercise:
     if cases_dir is not None:
         path = hidden_cases_path(cases_dir, exercise_id)
         key = f"{exercise_id}@{path}"
