@@ -9,9 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import httpx
 import pytest
@@ -92,6 +94,29 @@ class ServerProcess:
         self.log.close()
         os.unlink(self.log.name)
         return self.proc.returncode
+
+
+@contextmanager
+def server_in_thread(app) -> Iterator[str]:
+    """Serve an app built by `create_app` with uvicorn on a free port, in a thread of this process
+    (so the test holds the very objects it serves); yields the URL. Leaving shuts it down, which
+    stops the engine's processes; a server that ends itself (a failed start-up) ends the thread."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    app.state.lifecycle.stop_serving = lambda: setattr(server, "should_exit", True)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start listening"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "the server did not shut down"
 
 
 def post(server: "ServerProcess", body: dict, path: str = "/v1/completions") -> httpx.Response:

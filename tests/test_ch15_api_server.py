@@ -11,6 +11,7 @@ import json
 import random
 import signal
 import sys
+import threading
 import time
 
 import httpx
@@ -20,7 +21,11 @@ import pytest
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from server_utils import REPO_ROOT, ServerProcess, assert_all_free, child_pids, llm_fixture, pid_alive, server_fixture
+from minisgl.server.api import RETRY_AFTER_S, create_app
+from minisgl.server.args import ServerArgs
+from minisgl.server.launch import Backend
+from server_utils import (REPO_ROOT, ServerProcess, assert_all_free, child_pids, llm_fixture, pid_alive, server_fixture,
+                          server_in_thread)
 
 SMOL = "models/smollm2-135m-instruct"
 TINY = "models/tiny-llama"
@@ -191,6 +196,55 @@ def test_bad_requests_get_clear_errors_and_server_keeps_serving(tiny_server):
     assert_all_free(tiny_server)
 
 
+# ---- start-up: the port opens first, the engine follows ---------------------------------------
+
+
+class HeldBackend(Backend):
+    """The real engine processes, started only once the test lets go: a start-up as long as the
+    test needs, as a GPU warm-up is, through the same `starting` steps the server drives."""
+
+    def __init__(self, args: ServerArgs):
+        super().__init__(args)
+        self.go = threading.Event()
+
+    def starting(self):
+        self.waiting_for = "the test to let the start-up go"
+        while not self.go.is_set():
+            yield
+        yield from super().starting()
+
+
+def test_the_server_answers_starting_until_the_engine_is_ready(tiny_llm):
+    ref = tiny_llm.generate(["Hello!"], SamplingParams(max_tokens=6), chat=True)[0].text
+    chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 6, "temperature": 0}
+    backend = HeldBackend(ServerArgs.from_options(model_path=str(REPO_ROOT / TINY)))
+    with server_in_thread(create_app(backend.args, backend)) as url:
+        r = httpx.get(url + "/health", timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"] == str(RETRY_AFTER_S), r.text
+        assert r.json()["status"] == "starting" and r.json()["waiting_for"] == "the test to let the start-up go"
+        for path, body in [("/v1/chat/completions", chat), ("/v1/chat/completions", {**chat, "stream": True}),
+                           ("/v1/completions", {"model": "tiny-llama", "prompt": "Hi"}), ("/v1/models", None)]:
+            r = httpx.request("POST" if body else "GET", url + path, json=body, timeout=30)
+            assert r.status_code == 503 and r.headers["retry-after"] == str(RETRY_AFTER_S), (path, r.text)
+            error = r.json()["error"]
+            assert error["type"] == "service_unavailable" and error["code"] == "engine_starting", error
+            assert "the engine is starting (waiting for the test to let the start-up go)" in error["message"], error
+        assert 'code="503",route="/v1/chat/completions"} 2.0' in httpx.get(url + "/metrics", timeout=30).text
+        assert not backend.procs, "a process started before the test let it"
+        backend.go.set()
+        deadline = time.monotonic() + 240
+        while (r := httpx.get(url + "/health", timeout=30)).status_code == 503 and time.monotonic() < deadline:
+            assert r.json()["status"] == "starting", r.text
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+        assert r.json()["prompt_tokens"] == 0  # the refused requests never reached the scheduler
+        r = httpx.post(url + "/v1/chat/completions", json=chat, timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ref, r.text
+        kids = [p.pid for p in backend.procs]
+    time.sleep(0.5)
+    assert kids and not [p for p in kids if pid_alive(p)], "the server left processes behind"
+
+
 # ---- the shell and shutdown -------------------------------------------------------------------
 
 
@@ -199,6 +253,7 @@ def test_shell_chats_under_a_pseudo_terminal(tiny_llm):
     cmd = f"{sys.executable} -m minisgl --shell --model {REPO_ROOT / TINY} --shell-max-tokens 6"
     child = pexpect.spawn(cmd, cwd=str(REPO_ROOT), encoding="utf-8", timeout=240)
     try:
+        child.expect(r"minisgl: waiting for the scheduler to load tiny-llama onto \w+")  # what start-up waits for
         child.expect("minisgl shell")
         child.expect(r"\n> ")
         kids = child_pids(child.pid)

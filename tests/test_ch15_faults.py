@@ -1,5 +1,6 @@
 """Chapter 15: faults fail fast. A dead engine process ends every request with a JSON 503 and
-the server exits non-zero; SIGTERM drains (in-flight requests finish, the rest get a JSON error,
+the server exits non-zero; an engine that fails to start ends the server with its error (no port
+left saying "starting"); SIGTERM drains (in-flight requests finish, the rest get a JSON error,
 exit status 0); /health answers while the scheduler cannot, and says it is busy, not dead.
 Each test starts its own tiny-llama server, since each ends it."""
 
@@ -9,6 +10,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -16,7 +19,7 @@ import pytest
 
 from minisgl.scheduler import SchedulerConfig
 from minisgl.server.args import ServerArgs
-from server_utils import REPO_ROOT, ServerProcess, pid_alive
+from server_utils import REPO_ROOT, ServerProcess, child_pids, free_port, pid_alive
 
 TINY = "models/tiny-llama"
 LONG = {"model": "tiny-llama", "prompt": "Tell me everything.", "max_tokens": 1900, "ignore_eos": True, "temperature": 0}
@@ -83,6 +86,26 @@ def test_a_dead_engine_process_fails_every_request_and_the_server_exits(victim):
     server.stop()
     time.sleep(0.5)
     assert not [p for p in kids if pid_alive(p)], "server left processes behind"
+
+
+def test_an_engine_that_fails_to_start_ends_the_server_with_its_error():
+    # a KV budget too small for one context: the scheduler process refuses it while loading
+    cmd = [sys.executable, "-m", "minisgl", "--model", str(REPO_ROOT / TINY), "--port", str(free_port()),
+           "--device", "cpu", "--cpu-kv-budget-gb", "0.0001"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids, deadline = set(), time.monotonic() + 240
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the server neither started nor exited"
+        kids.update(child_pids(proc.pid))  # all it ever started, to check none is left
+        time.sleep(0.05)
+    out = proc.stdout.read()
+    assert proc.wait(120) == 1, out
+    lines = out.splitlines()
+    assert "minisgl: waiting for the scheduler to load tiny-llama onto cpu" in lines, out  # it said what it waited for
+    assert lines[-1].startswith("minisgl: the scheduler process failed to start: MemoryError: the KV budget"), out
+    assert "cpu_kv_budget_gb" in lines[-1], out  # the message says what to change
+    time.sleep(0.5)
+    assert kids and not [p for p in kids if pid_alive(p)], "the server left processes behind"
 
 
 def test_sigterm_drains_in_flight_requests_then_fails_the_rest():

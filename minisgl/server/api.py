@@ -6,8 +6,13 @@ HTTP error status instead of a stream that fails halfway. If the client goes awa
 cancelled, and closing its `RequestStream` aborts the request in the scheduler. A response with
 several choices streams each one's events (`sse_events`) interleaved, tagged by choice index.
 
-A watchdog checks the other processes four times a second: when one dies, every open request
-ends with a 503 and the server exits with a non-zero status (a supervisor restarts it whole).
+The server listens before the engine is ready: its processes start beside the HTTP loop (on a GPU
+that includes compiling kernels and capturing CUDA graphs, which can take a minute). Meanwhile
+`/health` answers 503 with ``{"status": "starting", "waiting_for": ...}`` and every other route
+a 503 error with a `Retry-After` header; no request enters the engine before it is ready. If the
+start-up fails, the server exits with the error. Once ready, a watchdog checks the other
+processes four times a second: when one dies, every open request ends with a 503 and the server
+exits with a non-zero status (a supervisor restarts it whole).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .args import ServerArgs
 from .choices import Choice, gather_or_cancel, total_usage
 from .errors import BodyLimit, error, error_body, install_error_handlers
 from .frontend import FrontendManager, Lifecycle, RequestFailed
-from .launch import Backend
+from .launch import Backend, LaunchError
 from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .chat import ChatCompletionRequest
 from .protocol import CompletionRequest, _Common, quote
@@ -39,6 +44,7 @@ T = TypeVar("T")
 ChunkMaker = Callable[..., Any]
 DONE = "data: [DONE]\n\n"
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+RETRY_AFTER_S = 5  # what a 503 tells a client to wait while the engine starts: a warm-up takes seconds to minutes
 
 
 class ClientGone(Exception):
@@ -141,6 +147,7 @@ class Served:
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
+    since: float = field(default_factory=time.monotonic)  # when this server began starting
 
     @property
     def names(self) -> set:
@@ -150,6 +157,21 @@ class Served:
     def unknown_model(self, name: str) -> JSONResponse:
         return error(404, f"model {quote(name)} not found: this server serves {self.args.model_name!r}",
                      param="model", code="model_not_found")
+
+    def waiting_for(self) -> Optional[str]:
+        return self.backend.waiting_for if self.backend is not None else None
+
+    def refused(self) -> Optional[JSONResponse]:
+        """The 503 for a request the server cannot take now (None when it can). While the engine
+        starts, it says what start-up waits for and when to come back (`Retry-After`)."""
+        message = self.lifecycle.refusal()
+        if message is None:
+            return None
+        if not self.lifecycle.starting:
+            return error(503, message)
+        waiting = self.waiting_for()
+        message += (f" (waiting for {waiting})" if waiting else "") + f"; retry in {RETRY_AFTER_S} s"
+        return error(503, message, code="engine_starting", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
@@ -173,23 +195,36 @@ def create_app(args: ServerArgs, backend: Optional[Backend]) -> FastAPI:
     return app
 
 
-def _lifespan(s: Served) -> Callable:
-    async def watchdog() -> None:
-        while not s.lifecycle.dead:
-            await asyncio.sleep(0.25)
-            dead = s.backend.dead()
-            if dead:
-                s.lifecycle.dead = ", ".join(dead)
-                s.frontend.fail_all(503, s.lifecycle.refusal())
-                await asyncio.sleep(0.5)  # the handlers answer their clients
-                s.lifecycle.stop_serving()
+async def start_then_watch(s: Served) -> None:
+    """Start the engine's processes while the routes answer "starting"; then mark the server ready
+    and watch them. A failed start-up ends the server (its processes are stopped already)."""
+    try:
+        await s.backend.start_async()
+    except Exception as e:  # LaunchError names the process and its error; anything else is named here
+        s.lifecycle.failed = str(e) if isinstance(e, LaunchError) else f"{type(e).__name__}: {e}"
+        s.lifecycle.stop_serving()
+        return
+    s.lifecycle.ready = True
+    s.lifecycle.on_ready()
+    while not s.lifecycle.dead:
+        await asyncio.sleep(0.25)
+        dead = s.backend.dead()
+        if dead:
+            s.lifecycle.dead = ", ".join(dead)
+            s.frontend.fail_all(503, s.lifecycle.refusal())
+            await asyncio.sleep(0.5)  # the handlers answer their clients
+            s.lifecycle.stop_serving()
 
+
+def _lifespan(s: Served) -> Callable:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         s.frontend.start()
-        watch = asyncio.get_running_loop().create_task(watchdog())
+        engine = asyncio.get_running_loop().create_task(start_then_watch(s))  # the port opens meanwhile
         yield
-        watch.cancel()
+        engine.cancel()  # a start-up still running stops its processes as it ends
+        await asyncio.gather(engine, return_exceptions=True)
+        s.backend.stop()
         await s.frontend.stop()
 
     return lifespan
@@ -200,9 +235,13 @@ def _status_routes(app: FastAPI, s: Served) -> None:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        refusal = lifecycle.refusal()
-        if refusal:
-            return error(503, refusal)
+        if lifecycle.starting:
+            body = {"status": "starting", "waiting_for": s.waiting_for(),
+                    "starting_for_s": round(time.monotonic() - s.since, 1)}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        refused = s.refused()
+        if refused:
+            return refused
         try:
             st = await frontend.status(timeout_s=2.0)
         except asyncio.TimeoutError:  # alive (the watchdog says so) and in a long step
@@ -214,7 +253,7 @@ def _status_routes(app: FastAPI, s: Served) -> None:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        if not lifecycle.dead:
+        if lifecycle.ready and not lifecycle.dead:  # else: only what the API process counts
             try:
                 await frontend.status(timeout_s=1.0)
             except asyncio.TimeoutError:
@@ -229,12 +268,12 @@ def _model_routes(app: FastAPI, s: Served) -> None:
                 "max_model_len": s.backend.info["max_seq_len"]}
 
     @app.get("/v1/models")
-    async def models() -> Dict[str, Any]:
-        return {"object": "list", "data": [card()]}
+    async def models() -> Any:
+        return s.refused() or {"object": "list", "data": [card()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Any:
-        return card() if model_id in s.names else s.unknown_model(model_id)
+        return s.refused() or (card() if model_id in s.names else s.unknown_model(model_id))
 
 
 async def respond(s: Served, request: Request, body: _Common, prompts: List[Any], chat: bool,
@@ -242,9 +281,9 @@ async def respond(s: Served, request: Request, body: _Common, prompts: List[Any]
     """Submit every (prompt, choice) pair, wait for each first reply, then answer whole or as a stream."""
     if body.model not in s.names:
         return s.unknown_model(body.model)
-    refusal = s.lifecycle.refusal()
-    if refusal:
-        return error(503, refusal)
+    refused = s.refused()
+    if refused:
+        return refused
     params = [body.sampling_params(j) for j in range(body.n)]  # a refused value fails here, before any submit
     wait = lambda aw: until_done_or_gone(request, aw)  # noqa: E731
     choices: List[Choice] = []

@@ -19,7 +19,7 @@ import uvicorn
 from .api import create_app
 from .args import ServerArgs
 from .frontend import FrontendManager, Lifecycle
-from .launch import Backend
+from .launch import Backend, LaunchError, say
 
 
 class DrainingServer(uvicorn.Server):
@@ -55,28 +55,34 @@ class DrainingServer(uvicorn.Server):
 
 def serve(args: ServerArgs) -> None:
     """Run the HTTP server until Ctrl-C or SIGTERM (exit status 0, after draining), or until a
-    process of the engine dies (exit status 1)."""
-    with Backend(args) as backend:
-        app = create_app(args, backend)
-        config = uvicorn.Config(app, host=args.server.host, port=args.server.port, log_level=args.server.log_level,
-                                timeout_graceful_shutdown=3)
-        server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.server.drain_timeout_s)
-        app.state.lifecycle.stop_serving = server.stop_now
-        print(f"minisgl: serving {args.model_name} on http://{args.server.host}:{args.server.port} (device "
-              f"{backend.info['device']})", flush=True)
-        # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
-        # handlers it found installed; these turn that into a normal return, so `Backend` stops
-        # the other processes and we exit with status 0
-        previous = signal.signal(signal.SIGTERM, _raise_shutdown)
-        try:
-            server.run()
-        except (KeyboardInterrupt, _Shutdown):
-            pass
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    dead = app.state.lifecycle.dead
-    if dead:
-        print(f"minisgl: the engine is gone ({dead}); exiting", flush=True)
+    process of the engine dies (exit status 1). It listens while the engine starts (`/health`
+    says "starting"); a start-up that fails raises LaunchError once the server has closed."""
+    backend = Backend(args, report=lambda what: say(f"waiting for {what}"))
+    app = create_app(args, backend)
+    host, port = args.server.host, args.server.port
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.server.log_level, timeout_graceful_shutdown=3)
+    server = DrainingServer(config, app.state.lifecycle, app.state.frontend, args.server.drain_timeout_s)
+    lifecycle: Lifecycle = app.state.lifecycle
+    lifecycle.stop_serving = server.stop_now
+    lifecycle.on_ready = lambda: print(f"minisgl: serving {args.model_name} on http://{host}:{port} (device "
+                                       f"{backend.info['device']})", flush=True)
+    print(f"minisgl: starting {args.model_name} on http://{host}:{port} (/health says \"starting\" until the "
+          "engine is ready)", flush=True)
+    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal with the
+    # handlers it found installed; these turn that into a normal return, so the engine's
+    # processes are stopped and we exit with status 0
+    previous = signal.signal(signal.SIGTERM, _raise_shutdown)
+    try:
+        server.run()
+    except (KeyboardInterrupt, _Shutdown):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        backend.stop()  # the app's shutdown stopped them already, unless uvicorn never started it
+    if lifecycle.failed:
+        raise LaunchError(lifecycle.failed)
+    if lifecycle.dead:
+        print(f"minisgl: the engine is gone ({lifecycle.dead}); exiting", flush=True)
         raise SystemExit(1)
     print("minisgl: stopped", flush=True)
 

@@ -43,8 +43,9 @@ def error_body(status: int, message: str, param: Optional[str] = None, code: Opt
     return {"error": {"message": message, "type": kind, "param": param and param[:200], "code": code}}
 
 
-def error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+          headers: Optional[Dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:

@@ -138,16 +138,29 @@ class RequestStream:
 
 @dataclass
 class Lifecycle:
-    """Whether the server still takes requests: not while draining for a shutdown, and never
-    again once a process of the engine has died (`dead` says which)."""
+    """Whether the server takes requests: not until the engine is ready (`ready`), not while
+    draining for a shutdown, and never again once the engine failed to start (`failed` says why)
+    or a process of it died (`dead` says which)."""
 
+    ready: bool = False
+    failed: Optional[str] = None
     draining: bool = False
     dead: Optional[str] = None
     stop_serving: Callable[[], None] = lambda: None  # set by `serve`: end the HTTP server
+    on_ready: Callable[[], None] = lambda: None  # set by `serve`: say so in the terminal
+
+    @property
+    def starting(self) -> bool:
+        """Still starting, and nothing has gone wrong: a client should come back shortly."""
+        return not (self.ready or self.failed or self.dead or self.draining)
 
     def refusal(self) -> Optional[str]:
+        if self.failed:
+            return f"the engine failed to start ({self.failed}); the server is exiting"
         if self.dead:
             return f"the engine is gone ({self.dead}); the server is exiting"
         if self.draining:
             return "the server is shutting down and takes no new requests"
+        if not self.ready:
+            return "the engine is starting"
         return None

@@ -5,7 +5,9 @@
 
 Every process receives on a socket it binds and sends on sockets it connects to, so start-up
 order does not matter for ZMQ. We still start the scheduler first: the tokenizer worker needs its
-context length, and the API should not accept requests before the model is loaded.
+context length. Start-up can take long (loading the model; on a GPU, compiling kernels and capturing
+CUDA graphs), so it never blocks the caller's loop: `Backend.starting` yields while it waits, and
+says what it waits for (`waiting_for`), which the HTTP server reports at `/health` meanwhile.
 
 No orphans: children ignore Ctrl-C (the terminal sends it to the whole group; the parent decides),
 ask the kernel to SIGTERM them if the parent dies, and also notice a changed parent pid when idle.
@@ -13,15 +15,18 @@ ask the kernel to SIGTERM them if the parent dies, and also notice a changed par
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, List
+from typing import Any, Callable, Generator, Iterator, List, Optional
 
 from .args import ServerArgs
 
@@ -39,8 +44,16 @@ class Addresses:
                                                                  "sched_to_tok")))
 
 
+POLL_S = 0.05  # how often a start-up in progress looks at its children's pipes
+
+
 class LaunchError(RuntimeError):
     pass
+
+
+def say(line: str) -> None:
+    """A line for the operator's terminal, beside the engine's own (stderr, unbuffered)."""
+    print(f"minisgl: {line}", file=sys.stderr, flush=True)
 
 
 def _child_setup() -> None:
@@ -64,6 +77,7 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     _child_setup()
     _name_process("minisgl-sched")
     try:
+        ready.send(("waiting", _loading(args)))
         from minisgl.scheduler.io import SchedulerIO  # here: the API process has no use for the engine
 
         from minisgl.engine.grammar import AsideCompiler, CompileLimits
@@ -79,6 +93,15 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
                                   "ranks" if args.engine.tp_size > 1 else "")
     ready.send(("ok", {"max_seq_len": sched.max_seq_len, "num_pages": sched.cache.num_pages, "device": device}))
     sched.run_forever(parent_pid)
+
+
+def _loading(args: ServerArgs) -> str:
+    """What the scheduler's start-up does, as /health and the shell say it."""
+    device = args.engine.torch_device  # resolves "auto" here, in the process that will use the device
+    what = f"the scheduler to load {args.model_name} onto {device}"
+    if device.type == "cuda":
+        what += ", compile its GPU kernels and capture its CUDA graphs"
+    return what
 
 
 def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_pid: int, ready: Connection) -> None:
@@ -106,17 +129,61 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_
 
 
 class Backend:
-    """The scheduler and tokenizer processes. Use as a context manager: leaving it stops them."""
+    """The scheduler and tokenizer processes. Use as a context manager (start, and stop on leaving),
+    or drive `starting()` yourself, as the HTTP server does so that it answers while they start.
 
-    def __init__(self, args: ServerArgs, timeout_s: float = 600.0):
+    Start-up state, for whoever reports it: `waiting_for` (what start-up waits for now, None once
+    ready), `ready`, and `failed` (why start-up failed, else None). `report` is called with each new
+    `waiting_for`, so a terminal can print what it waits for."""
+
+    def __init__(self, args: ServerArgs, timeout_s: float = 600.0, report: Callable[[str], None] = lambda what: None):
         self.args = args
         self.folder = tempfile.mkdtemp(prefix="minisgl-")
         self.addrs = Addresses.in_folder(self.folder)
         self.procs: List[mp.Process] = []
         self.timeout_s = timeout_s
         self.info: dict = {}
+        self.report = report
+        self.waiting_for: Optional[str] = None
+        self.ready = False
+        self.failed: Optional[str] = None
 
-    def _start(self, name: str, target: Any, *args: Any) -> dict:
+    def _waiting(self, what: str) -> None:
+        self.waiting_for = what
+        self.report(what)
+
+    def starting(self) -> Iterator[None]:
+        """Start the scheduler, then the tokenizer worker (it needs the context length), each
+        ready before the next. A generator that yields whenever it waits: the caller decides how
+        to wait (`start` sleeps, `start_async` lets an event loop run). On failure, or when closed
+        early, it stops whatever it started; a failure raises LaunchError."""
+        try:
+            pid = os.getpid()
+            self._waiting("the scheduler process to start")
+            self.info = yield from self._start("scheduler", _run_scheduler, self.args, self.addrs, pid)
+            self._waiting("the tokenizer worker to load the tokenizer")
+            yield from self._start("tokenizer", _run_tokenizer, self.args, self.addrs, self.info["max_seq_len"], pid)
+        except BaseException as e:
+            if isinstance(e, Exception):
+                self.failed = str(e)
+            self.stop()
+            raise
+        self.waiting_for, self.ready = None, True
+
+    def start(self) -> None:
+        for _ in self.starting():
+            time.sleep(POLL_S)
+
+    async def start_async(self) -> None:
+        steps = self.starting()
+        try:
+            for _ in steps:
+                await asyncio.sleep(POLL_S)
+        finally:
+            steps.close()  # cancelled while waiting: stop the children now, not when collected
+
+    def _start(self, name: str, target: Any, *args: Any) -> Generator[None, None, dict]:
+        """Start one child and wait (yielding) until it reports "ok"; returns what it reported."""
         ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA or threads
         parent, child = ctx.Pipe(duplex=False)
         # a scheduler leading tensor-parallel ranks starts processes of its own, which a daemonic
@@ -126,25 +193,26 @@ class Backend:
         proc.start()
         self.procs.append(proc)
         child.close()
-        if not parent.poll(self.timeout_s):
-            raise LaunchError(f"the {name} process did not start within {self.timeout_s} s")
-        try:
-            status, payload = parent.recv()
-        except EOFError:
-            raise LaunchError(f"the {name} process died while starting (exit code {proc.exitcode}); see its output "
-                              "above") from None
-        if status != "ok":
-            raise LaunchError(f"the {name} process failed to start: {payload}")
-        return payload
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            while parent.poll():  # no timeout: only what is there already
+                try:
+                    status, payload = parent.recv()
+                except EOFError:
+                    proc.join(5)
+                    raise LaunchError(f"the {name} process died while starting (exit code {proc.exitcode}); see "
+                                      "its output above") from None
+                if status == "ok":
+                    return payload
+                if status == "error":
+                    raise LaunchError(f"the {name} process failed to start: {payload}")
+                self._waiting(payload)  # "waiting": what it does now
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the {name} process did not start within {self.timeout_s} s")
+            yield
 
     def __enter__(self) -> "Backend":
-        try:
-            pid = os.getpid()
-            self.info = self._start("scheduler", _run_scheduler, self.args, self.addrs, pid)
-            self._start("tokenizer", _run_tokenizer, self.args, self.addrs, self.info["max_seq_len"], pid)
-        except BaseException:
-            self.stop()
-            raise
+        self.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:

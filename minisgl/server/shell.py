@@ -16,7 +16,7 @@ from minisgl.message import AbortMsg, BatchMsg, ErrorReply, TokenizeMsg, UserRep
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .args import ServerArgs
-from .launch import Backend
+from .launch import Backend, say
 
 PROMPT = "> "
 HELP = "Type a message. /reset forgets the conversation, /exit (or Ctrl-D) quits, Ctrl-C stops a reply."
@@ -52,7 +52,7 @@ class ShellClient:
 def run_shell(args: ServerArgs, temperature: float = 0.0) -> None:
     limit = args.server.shell_max_tokens
     params = SamplingParams(max_tokens=limit or 1, temperature=temperature)  # 1: replaced by the room left
-    with Backend(args) as backend:
+    with Backend(args, report=lambda what: say(f"waiting for {what}")) as backend:
         client = ShellClient(backend)
         print(f"minisgl shell: {args.model_name} on {backend.info['device']}. {HELP}", flush=True)
         history: List[Dict[str, str]] = []
