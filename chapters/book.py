@@ -18,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 REPO = Path(__file__).resolve().parents[1]
 _CHAPTER: Optional[int] = None
@@ -297,6 +297,62 @@ def small_llm(**kw: Any):
 small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 
 
+class Reference(NamedTuple):
+    tokens: List[int]  # the greedy continuation, prompt excluded
+    logits: Optional[Any]  # [vocab] float32 tensor at the prompt's last position, when asked for
+
+
+def transformers_reference(prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]], *,
+                           path: Optional[Path] = None, ignore_eos: bool = False,
+                           last_logits: bool = False) -> List[Reference]:
+    """What transformers' own model says for each prompt (token ids): its greedy continuation, and with
+    `last_logits` the logits at the prompt's last position.
+
+    It is `AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)` and `generate(ids,
+    max_new_tokens=n, do_sample=False)` (with `min_new_tokens=n` under `ignore_eos`), run in a child
+    process that exits when done: the reference model's copy of the weights never stays in this kernel.
+    `path` defaults to the bundled model.
+    """
+    import json
+    import subprocess
+
+    import torch
+
+    counts = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(counts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(counts)} values of max_new_tokens")
+    job = dict(path=str(path or default_model_path()), prompts=[[int(t) for t in p] for p in prompts],
+               max_new_tokens=counts, ignore_eos=ignore_eos, last_logits=last_logits)
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--transformers-reference"],
+                          input=json.dumps(job), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the transformers reference failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return [Reference(r["tokens"], None if r["logits"] is None else torch.tensor(r["logits"], dtype=torch.float32))
+            for r in json.loads(done.stdout)]
+
+
+def _reference_child() -> None:
+    """`transformers_reference`'s child: a job as JSON on stdin, the answers as JSON on stdout."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    job = json.load(sys.stdin)
+    model = AutoModelForCausalLM.from_pretrained(job["path"], dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for ids, n in zip(job["prompts"], job["max_new_tokens"]):
+            x = torch.tensor([ids])
+            least = dict(min_new_tokens=n) if job["ignore_eos"] else {}
+            tokens = model.generate(x, max_new_tokens=n, do_sample=False, **least)[0, len(ids):].tolist()
+            logits = model(x).logits[0, -1].tolist() if job["last_logits"] else None
+            out.append(dict(tokens=tokens, logits=logits))
+    json.dump(out, sys.stdout)
+
+
 # ---------------------------------------------------------------------------------------------
 # the chapter index (the tables themselves are built by chapters/contents.py)
 
@@ -327,3 +383,7 @@ ONE_LINERS = {
     21: "throughput and latency benchmarks, and the memory-bandwidth floor",
     22: "minisgl beside SGLang and vLLM, two gaps measured, and cache-aware scheduling added to the engine",
 }
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--transformers-reference"]:
+    _reference_child()

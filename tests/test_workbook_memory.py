@@ -77,3 +77,36 @@ def test_chapter_memory_reports_a_kernels_peak(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell("raise ValueError('no')")]
     nbformat.write(nb, broken)
     assert memory.measure(broken, runs=2, cell_timeout=120)["error"].startswith("cell 0: ValueError")
+
+
+def test_an_engine_holds_its_cpu_weights_once_and_engines_share_them():
+    """On the CPU in float32 each projection is held only in oneDNN's layout (no plain copy beside
+    it), with the checkpoint's values; a second engine on the same checkpoint adds no weights."""
+    import torch
+
+    from minisgl.engine import Engine, EngineConfig
+    from minisgl.kernel import cpu_gemm
+    from minisgl.models.weight import iter_checkpoint
+
+    if not (TINY / "config.json").is_file():
+        pytest.skip("models not prepared (run `make setup`)")
+    if not cpu_gemm.ONEDNN or cpu_gemm.ENV.disable_onednn:
+        pytest.skip("oneDNN is not in this build of torch (or MINISGL_DISABLE_ONEDNN=1)")
+    cfg = EngineConfig(model_path=str(TINY), device="cpu", dtype="float32", max_running_reqs=2, max_seq_len=64)
+    first = Engine(cfg)
+    state = first.model.state_dict()
+    kinds = ("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight")
+    projections = {n: t for n, t in state.items() if n.endswith(kinds)}
+    assert len(projections) == 4 * first.model_config.num_layers
+    assert all(t.is_mkldnn for t in projections.values()), "a projection kept its plain copy"
+    assert not state["model.embed_tokens.weight"].is_mkldnn  # the embedding's rows are looked up: it stays plain
+    ckpt = dict(iter_checkpoint(TINY))
+    name = "model.layers.1.self_attn.o_proj.weight"
+    assert torch.equal(cpu_gemm.plain(state[name]), ckpt[name].float())
+    x = torch.randn(3, state[name].shape[1])
+    assert torch.equal(cpu_gemm.cpu_linear(x, state[name]), cpu_gemm.cpu_linear(x, ckpt[name].float()))
+    second = Engine(cfg)
+    assert all(second.model.state_dict()[n] is t for n, t in state.items())
+    dummy = Engine(EngineConfig(model_path=str(TINY), device="cpu", dtype="float32", max_running_reqs=2, max_seq_len=64,
+                                dummy_weights=True))
+    assert dummy.model.state_dict()[name] is not state[name]  # random weights are never shared

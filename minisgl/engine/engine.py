@@ -2,12 +2,23 @@
 
 The engine knows nothing about requests arriving or finishing: it is given a prepared `Batch`,
 runs the model, moves each request's ledger on (`complete_one`) and returns sampled tokens.
+
+Weights are held once. Engines built in one process from the same checkpoint (same files, model
+config, dtype, device and rank) share one set of weight tensors, so a notebook or a test suite that
+builds several engines holds the model once; an edit to one engine's weights is seen by all of them.
+On the CPU in float32, each projection keeps its weight only in oneDNN's layout (`cpu_gemm.pack`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
 import time
+import types
+import weakref
+from pathlib import Path
+from typing import Dict
 
 import torch
 
@@ -15,7 +26,10 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.distributed.comm import min_over_ranks
 from minisgl.distributed.info import TPInfo, set_tp_info
+from minisgl.kernel import cpu_gemm
 from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.layers.base import BaseOP
+from minisgl.layers.linear import LinearReplicated, LinearRowParallel, LinearColParallelMerged, LinearQKVMerged
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
 from minisgl.utils import div_ceil, package_has
 from minisgl.utils.logger import get_logger
@@ -25,6 +39,59 @@ from .sample import Sampler, SamplerOutput, SamplingPlan
 from .warmup import warm_up
 
 logger = get_logger(__name__)
+_PROJECTIONS = (LinearReplicated, LinearRowParallel, LinearColParallelMerged, LinearQKVMerged)
+
+
+class LoadedWeights:
+    """One checkpoint's weights as an engine's model holds them, by dotted name. Every engine that
+    uses them keeps this object, so they live as long as one of those engines does."""
+
+    def __init__(self, tensors: Dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+
+def _loaded() -> "weakref.WeakValueDictionary[tuple, LoadedWeights]":
+    """Weights engines hold, by checkpoint. Kept outside the package's modules, so that engines
+    built after `minisgl` is imported afresh (the workbook re-imports it when a chapter is run
+    again) still share with those built before."""
+    holder = sys.modules.setdefault("_minisgl_loaded_weights", types.ModuleType("_minisgl_loaded_weights"))
+    if not hasattr(holder, "table"):
+        holder.table = weakref.WeakValueDictionary()
+    return holder.table
+
+
+def pack_projections(op: BaseOP) -> None:
+    """Hold every projection's weight under `op` only in oneDNN's layout, where that layout applies
+    (float32 on the CPU): the plain copy is dropped, `cpu_gemm.plain` gives it back."""
+    if isinstance(op, _PROJECTIONS) and cpu_gemm.packable(op.weight):
+        op.weight = cpu_gemm.pack(op.weight)
+    for _, child in op.named_children():
+        pack_projections(child)
+
+
+def _give_back_freed_memory() -> None:
+    """Return the memory of freed tensors to the system. glibc keeps what sits between live
+    allocations and reuses it only for this process: after packing, that is the plain weights."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def _weights_key(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, device: torch.device):
+    files = sorted(Path(config.model_path).resolve().glob("*.safetensors"))
+    stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    return stats, repr(model_config), str(dtype), str(device), config.tp_rank, config.tp_size
+
+
+def _adopt(model: BaseOP, tensors: Dict[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        *path, leaf = name.split(".")
+        owner = model
+        for part in path:
+            owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
+        assert getattr(owner, leaf).shape == tensor.shape, name
+        setattr(owner, leaf, tensor)
 
 
 class Engine:
@@ -38,11 +105,8 @@ class Engine:
         torch.manual_seed(config.seed)
 
         self.model_config = ModelConfig.from_dir(config.model_path)
-        self.model = create_model(self.model_config, self.dtype, self.device)
-        if config.dummy_weights:
-            load_dummy(self.model, config.seed)
-        else:
-            load_checkpoint(self.model, config.model_path)
+        self.model = create_model(self.model_config, self.dtype, self.device)  # uninitialised: no memory yet
+        self.weights = self._load_weights()
 
         self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings,
                                self.model_config.max_position_embeddings)
@@ -70,6 +134,26 @@ class Engine:
         self.graph_runner = None
         if self.device.type == "cuda":  # compile and capture now, not on the first requests
             self._prepare_gpu()
+
+    def _load_weights(self) -> LoadedWeights:
+        """Fill the model: from weights another engine in this process already loaded from the same
+        checkpoint, else from the checkpoint (random ones with `dummy_weights`, never shared)."""
+        key = None if self.config.dummy_weights else _weights_key(self.config, self.model_config, self.dtype,
+                                                                  self.device)
+        loaded = _loaded().get(key) if key is not None else None
+        if loaded is not None:
+            _adopt(self.model, loaded.tensors)
+            return loaded
+        if key is None:
+            load_dummy(self.model, self.config.seed)
+        else:
+            load_checkpoint(self.model, self.config.model_path)
+        pack_projections(self.model)
+        _give_back_freed_memory()
+        loaded = LoadedWeights(self.model.state_dict())
+        if key is not None:
+            _loaded()[key] = loaded
+        return loaded
 
     def _prepare_gpu(self) -> None:
         start = time.perf_counter()
