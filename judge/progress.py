@@ -1,5 +1,6 @@
-"""The judge's record of the learner's gradings (.judge/results.json): per exercise the latest
-result and the best one, which `judge.py list` and the index notebook both read.
+"""The judge's record of the learner's gradings (.judge/results.json, or results.json in the folder
+that JUDGE_STATE_DIR names: see `registry.STATE_DIR`): per exercise the latest result and the best
+one, which `judge.py list` and the index notebook both read.
 
 Only the judge writes it. The graded code runs where it cannot write the repository (see
 `judge.sandbox`), and wherever that sandbox is not available the judge takes the record's bytes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
 import sys
 import threading
@@ -18,7 +19,11 @@ from .api import Case, Exercise, take_pending
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXERCISES_DIR = REPO_ROOT / "exercises"
 WORK_DIR = REPO_ROOT / "work"
-STATE_DIR = REPO_ROOT / ".judge"
+# The judge's state: the learner's progress record (results.json) and the files `check` generates.
+# The variable names another folder for it; the test suite sets it to a temporary one, so that its
+# gradings (and the notebooks it runs, whose kernels inherit it) never touch a learner's record.
+STATE_ENV = "JUDGE_STATE_DIR"
+STATE_DIR = Path(os.environ.get(STATE_ENV) or REPO_ROOT / ".judge").resolve()
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 
 

@@ -4,6 +4,8 @@ over pytest-xdist workers (`make test` runs `-n <cores> --dist loadfile`)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,15 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _CORES // _WORKERS)))
+
+# The judge's state (the learner's progress record, the files `judge.py check` generates) lives in a
+# temporary folder for the whole run, so the suite never touches a learner's .judge/results.json.
+# Set before the judge is imported (it reads the variable, judge.registry.STATE_ENV, then); the xdist
+# workers, the notebooks' kernels and every `judge.py` the tests start inherit it.
+JUDGE_STATE_ENV = "JUDGE_STATE_DIR"
+_OWN_JUDGE_STATE = JUDGE_STATE_ENV not in os.environ
+if _OWN_JUDGE_STATE:
+    os.environ[JUDGE_STATE_ENV] = tempfile.mkdtemp(prefix="minisgl-judge-state-")
 
 
 def models_dir() -> Path:
@@ -32,6 +43,11 @@ def models_dir_fixture() -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped when none is present")
     config.addinivalue_line("markers", "slow: takes long; deselect with -m 'not slow'")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_JUDGE_STATE:  # the process that made the judge's temporary folder removes it
+        shutil.rmtree(os.environ[JUDGE_STATE_ENV], ignore_errors=True)
 
 
 def _cuda_available() -> bool:
