@@ -8,11 +8,11 @@ several choices streams each one's events (`sse_events`) interleaved, tagged by 
 
 The server listens before the engine is ready: its processes start beside the HTTP loop (on a GPU
 that includes compiling kernels and capturing CUDA graphs, which can take a minute). Meanwhile
-`/health` answers 503 with ``{"status": "starting", "waiting_for": ...}`` and every other route
-a 503 error with a `Retry-After` header; no request enters the engine before it is ready. If the
-start-up fails, the server exits with the error. Once ready, a watchdog checks the other
-processes four times a second: when one dies, every open request ends with a 503 and the server
-exits with a non-zero status (a supervisor restarts it whole).
+`/health` answers 503 with ``{"status": "starting", "waiting_for": ...}``, the `/v1` routes a 503
+error with a `Retry-After` header, and `/metrics` what the API process counted; no request enters
+the engine before it is ready. If the start-up fails, the server exits with the error. Once
+ready, a watchdog checks the other processes four times a second: when one dies, every open
+request ends with a 503 and the server exits with a non-zero status (a supervisor restarts it whole).
 """
 
 from __future__ import annotations
