@@ -33,13 +33,15 @@ from .util import next_pow2, use_triton
 
 @dataclass(frozen=True)
 class DecodeTile:
-    """A program's inner loop: `block` keys a step, `stages` steps of software pipelining."""
+    """A program's inner loop: `block` keys a step, `stages` steps of software pipelining, `warps`
+    warps sharing the work."""
 
     block: int
     stages: int
+    warps: int = 4
 
 
-SMALL_TILE = DecodeTile(block=64, stages=3)  # a few requests: many splits, short programs
+SMALL_TILE = DecodeTile(block=64, stages=3, warps=2)  # a few requests: many splits, short programs
 LARGE_TILE = DecodeTile(block=128, stages=2)  # many requests: one or two long splits each
 DECODE_PROGRAMS_PER_SM = 2  # the small tile's split count aims at this many programs per SM
 _MAX_SPLITS = 64
@@ -273,7 +275,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         r.k, r.v, r.k.stride(0), r.v.stride(0), r.positions, r.out_loc, r.cos, r.sin, r.cos.stride(0), qw, kw, eps,
         HKV=hkv, G=group, GP=_group_pad(group), GR=next_pow2(group), D=d, SPLITS=splits, BT=tile.block,
         HEADS_FIRST=heads_first,
-        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=4,
+        ROPE=rope is not None, NORM=r.qk_norm is not None, ORDERED=order is not None, num_warps=tile.warps,
         num_stages=tile.stages,
     )
     return out

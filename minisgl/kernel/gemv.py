@@ -26,7 +26,10 @@ from .util import next_pow2, use_triton
 GEMV_MAX_ROWS = 2  # up to this many rows the kernel beats cuBLAS (measured: minisgl/benchmark/RESULTS.md)
 _DTYPES = (torch.bfloat16, torch.float16)  # float32 keeps cuBLAS: exact parity is tested there
 _BLOCK_N = 2  # output features per program
-_MAX_BLOCK_K = 1024  # weight columns per load; a row of K reads in K / 1024 unrolled loads
+# (weight columns a load, warps a program): one row takes long loads on two warps, so more programs
+# share an SM; more rows multiply the accumulators, so their loads shrink with the rows, on four warps
+_ONE_ROW_TILE = (2048, 2)
+_ROWS_TILE = (1024, 4)  # columns for one row's worth of accumulators; divided by the rows (padded)
 
 
 try:
@@ -91,10 +94,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     mp = next_pow2(rows)
-    bk = min(next_pow2(k), _MAX_BLOCK_K // mp)  # the accumulators hold MP x BN x BK floats: near 2,048 a program
+    block_k, warps = _ONE_ROW_TILE if rows == 1 else (_ROWS_TILE[0] // mp, _ROWS_TILE[1])
+    bk = min(next_pow2(k), block_k)
     _gemv_kernel[(triton.cdiv(n, _BLOCK_N),)](
         x, weight, bias if bias is not None else weight, out, n,
-        M=rows, K=k, MP=mp, BN=_BLOCK_N, BK=bk, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, num_warps=4,
+        M=rows, K=k, MP=mp, BN=_BLOCK_N, BK=bk, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, num_warps=warps,
     )
     return out
 
