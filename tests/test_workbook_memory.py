@@ -73,6 +73,7 @@ def test_chapter_memory_reports_a_kernels_peak(tmp_path):
     result = memory.measure(path, runs=1, cell_timeout=120)
     assert result["error"] is None
     assert 400 * 2**20 <= result["kernel"] <= result["tree"] < 2 * 2**30
+    assert result["per_run"] == [result["kernel"]]  # the peak after the one run is the kernel's peak
     broken = tmp_path / "02_broken.ipynb"
     nb.cells = [nbformat.v4.new_code_cell("raise ValueError('no')")]
     nbformat.write(nb, broken)

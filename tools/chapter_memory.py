@@ -75,7 +75,8 @@ class Sampler(threading.Thread):
 
 
 def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, object]:
-    """Run a notebook `runs` times in one fresh kernel; its peaks in bytes and any error."""
+    """Run a notebook `runs` times in one fresh kernel; its peaks in bytes (`per_run`: the kernel's
+    peak so far at the end of each run) and any error."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -89,11 +90,12 @@ def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, obj
         pid = client.km.provisioner.pid
         sampler = Sampler(pid)
         sampler.start()
-        index = None
+        index, per_run = None, []
         try:
             for _ in range(runs):
                 for index, cell in enumerate(nb.cells):
                     client.execute_cell(cell, index)
+                per_run.append(_status_kib(pid, "VmHWM") * 1024)
         except CellExecutionError as e:
             last = (e.evalue or "").strip().splitlines()
             error = f"cell {index}: {e.ename}: {last[-1] if last else ''}"
@@ -105,7 +107,7 @@ def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, obj
             kernel_kib = _status_kib(pid, "VmHWM")
             tree_kib = sampler.stop()
     return {"name": path.stem, "kernel": kernel_kib * 1024, "tree": max(tree_kib, kernel_kib) * 1024,
-            "seconds": time.perf_counter() - start, "error": error}
+            "per_run": per_run, "seconds": time.perf_counter() - start, "error": error}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -119,7 +121,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--runs must be at least 1, got {args.runs}")
     notebooks = chapter_notebooks(args.chapters)
     width = max(len(p.stem) for p in notebooks)
-    print(f"{'chapter':<{width}}  kernel peak  with its processes  seconds", flush=True)
+    first = "  after run 1" if args.runs > 1 else ""
+    print(f"{'chapter':<{width}}{first}  kernel peak  with its processes  seconds", flush=True)
     over = failed = 0
     for path in notebooks:
         r = measure(path, args.runs, args.cell_timeout)
@@ -127,8 +130,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         over += big
         failed += r["error"] is not None
         flag = f"  over {args.limit_gb:g} GiB" if big else ""
-        print(f"{r['name']:<{width}}  {r['kernel'] / GIB:8.2f} GiB  {r['tree'] / GIB:12.2f} GiB  {r['seconds']:7.0f}"
-              f"{flag}{'  ' + r['error'] if r['error'] else ''}", flush=True)
+        run1 = f"  {r['per_run'][0] / GIB:7.2f} GiB" if args.runs > 1 and r["per_run"] else " " * len(first)
+        print(f"{r['name']:<{width}}{run1}  {r['kernel'] / GIB:8.2f} GiB  {r['tree'] / GIB:12.2f} GiB"
+              f"  {r['seconds']:7.0f}{flag}{'  ' + r['error'] if r['error'] else ''}", flush=True)
     print(f"{len(notebooks)} chapters, {args.runs} run(s) each: {over} over {args.limit_gb:g} GiB, {failed} failed")
     return 1 if over or failed else 0
 

@@ -11,8 +11,6 @@ On the CPU in float32, each projection keeps its weight only in oneDNN's layout 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import sys
 import time
 import types
@@ -26,10 +24,9 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.distributed.comm import min_over_ranks
 from minisgl.distributed.info import TPInfo, set_tp_info
-from minisgl.kernel import cpu_gemm
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.layers.base import BaseOP
-from minisgl.layers.linear import LinearReplicated, LinearRowParallel, LinearColParallelMerged, LinearQKVMerged
+from minisgl.layers.linear import pack_projections
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
 from minisgl.utils import div_ceil, package_has
 from minisgl.utils.logger import get_logger
@@ -39,7 +36,6 @@ from .sample import Sampler, SamplerOutput, SamplingPlan
 from .warmup import warm_up
 
 logger = get_logger(__name__)
-_PROJECTIONS = (LinearReplicated, LinearRowParallel, LinearColParallelMerged, LinearQKVMerged)
 
 
 class LoadedWeights:
@@ -58,24 +54,6 @@ def _loaded() -> "weakref.WeakValueDictionary[tuple, LoadedWeights]":
     if not hasattr(holder, "table"):
         holder.table = weakref.WeakValueDictionary()
     return holder.table
-
-
-def pack_projections(op: BaseOP) -> None:
-    """Hold every projection's weight under `op` only in oneDNN's layout, where that layout applies
-    (float32 on the CPU): the plain copy is dropped, `cpu_gemm.plain` gives it back."""
-    if isinstance(op, _PROJECTIONS) and cpu_gemm.packable(op.weight):
-        op.weight = cpu_gemm.pack(op.weight)
-    for _, child in op.named_children():
-        pack_projections(child)
-
-
-def _give_back_freed_memory() -> None:
-    """Return the memory of freed tensors to the system. glibc keeps what sits between live
-    allocations and reuses it only for this process: after packing, that is the plain weights."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
 
 
 def _weights_key(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -149,7 +127,6 @@ class Engine:
         else:
             load_checkpoint(self.model, self.config.model_path)
         pack_projections(self.model)
-        _give_back_freed_memory()
         loaded = LoadedWeights(self.model.state_dict())
         if key is not None:
             _loaded()[key] = loaded

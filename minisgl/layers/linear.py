@@ -100,3 +100,16 @@ class LinearRowParallel(_Linear):
         y = all_reduce(kernel.linear(x, self.weight))
         bias = self._bias()
         return y if bias is None else y + bias
+
+
+def pack_projections(op: BaseOP) -> None:
+    """Hold every projection's weight under `op` only in oneDNN's layout where that layout applies
+    (float32 on the CPU, `cpu_gemm.packable`): the plain copy is dropped (`cpu_gemm.plain` converts
+    one back). What an engine does once it has loaded; products give the same results."""
+    todo = [op]
+    while todo:
+        op = todo.pop()
+        if isinstance(op, _Linear) and kernel.cpu_gemm.packable(op.weight):
+            op.weight = kernel.cpu_gemm.pack(op.weight)
+        todo += [child for _, child in op.named_children()]
+    kernel.cpu_gemm.give_back_freed_memory()  # the plain copies' memory
