@@ -136,37 +136,24 @@ def test_the_progress_record_is_written_only_by_the_judge(tmp_path: Path, monkey
     assert (real_record.read_bytes() if real_record.exists() else None) == real_before
 
 
-KERNEL_GRADES = f"""
-from pathlib import Path
-from IPython.core.interactiveshell import InteractiveShell
-import judge
-shell = InteractiveShell.instance()
-judge.load_ipython_extension(shell)
-result = shell.run_cell_magic("judge", "{EX} --seed 2", Path({str(SOLUTION)!r}).read_text())
-print("graded", result.passed, result.total)
-"""
-
-
-def test_a_grading_under_the_test_harness_leaves_the_learners_record_alone(tmp_path: Path) -> None:
-    """tests/conftest.py points the judge's state at a temporary folder through the environment, so
-    every process of the suite (a notebook's kernel, a `judge.py`) records its gradings there. A
-    `%%judge` cell graded in a fresh interpreter with the variable set (to this test's own folder,
-    which no other test writes) records there and leaves the repository's .judge/results.json as it was."""
+def test_a_grading_under_the_test_harness_leaves_the_learners_record_alone() -> None:
+    """tests/conftest.py points the judge's state at a temporary folder through the environment:
+    a fresh interpreter (a notebook's kernel, a `judge.py`) finds it there, and a grading saved
+    under the harness goes there and leaves the repository's .judge/results.json as it was."""
     from conftest import JUDGE_STATE_ENV
 
     assert JUDGE_STATE_ENV == registry.STATE_ENV
     harness = Path(os.environ[registry.STATE_ENV]).resolve()
     assert registry.STATE_DIR == harness and REPO not in harness.parents and progress.path().parent == harness
+    kernel = subprocess.run([sys.executable, "-c", "from judge import progress; print(progress.path())"], cwd=REPO / "chapters",
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert kernel.returncode == 0 and Path(kernel.stdout.strip()) == harness / "results.json", kernel.stdout + kernel.stderr
     real_record = REPO / ".judge" / "results.json"
     before = (real_record.read_bytes(), real_record.stat().st_mtime_ns) if real_record.exists() else None
-    env = dict(os.environ, **{registry.STATE_ENV: str(tmp_path / "state")})
-    proc = subprocess.run([sys.executable, "-c", KERNEL_GRADES], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    passed, total = map(int, proc.stdout.split("graded ")[-1].split())
-    assert passed == total > 0, proc.stdout[-3000:]
+    result = grade(EX, SOLUTION, seed=2)  # saved, as `judge.py <id>` and a `%%judge` cell save
+    assert result.ok, str(result)
     assert ((real_record.read_bytes(), real_record.stat().st_mtime_ns) if real_record.exists() else None) == before
-    record = json.loads((tmp_path / "state" / "results.json").read_text())
-    assert record[EX]["latest"]["passed"] == passed and record[EX]["latest"]["file"] == "this cell"
+    assert progress.load()[EX].best.passed == result.total  # the harness's record holds it
 
 
 # ---- points and hidden cases ------------------------------------------------------------------------
