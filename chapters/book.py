@@ -159,6 +159,22 @@ class Source:
         return data, meta
 
 
+def _members(body: list) -> list:
+    """The statements of a module or class body, with those inside `try:` and `if` blocks (where the
+    Triton kernels are defined, only when Triton imports) as if written at that level."""
+    import ast
+
+    out = []
+    for stmt in body:
+        if isinstance(stmt, ast.Try):
+            out += _members(stmt.body + [s for h in stmt.handlers for s in h.body] + stmt.orelse + stmt.finalbody)
+        elif isinstance(stmt, ast.If):
+            out += _members(stmt.body + stmt.orelse)
+        else:
+            out.append(stmt)
+    return out
+
+
 def _symbol_span(tree, dotted: str, path: str) -> Tuple[int, int]:
     import ast
 
@@ -166,7 +182,7 @@ def _symbol_span(tree, dotted: str, path: str) -> Tuple[int, int]:
     node = None
     for part in dotted.split("."):
         node = None
-        for cand in body:
+        for cand in _members(body):
             if isinstance(cand, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and cand.name == part:
                 node = cand
             elif isinstance(cand, (ast.Assign, ast.AnnAssign)):

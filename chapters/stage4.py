@@ -248,23 +248,6 @@ def emulated_graph_runner(engine, max_bs: int):
     return engine.graph_runner
 
 
-# ---- chapter 19: kernels -----------------------------------------------------------------------
-def kernel_span(path: str, name: str) -> str:
-    """`"path:first-last"` of function `name` anywhere in the file (Triton kernels are defined
-    inside `try:` blocks, where `book.show`'s symbol lookup does not reach), for `book.show`."""
-    import ast
-
-    from book import chapter, _stages_module
-
-    stage = _stages_module().build(chapter())
-    tree = ast.parse((stage / path).read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            return f"{path}:{first}-{node.end_lineno}"
-    raise LookupError(f"{name} is not defined in {path}")
-
-
 # ---- chapter 20: mixture of experts ------------------------------------------------------------
 def blockwise_moe(x, w13, w2, topk_weights, topk_ids, aligned):
     """What the fused MoE kernel computes, tile by tile, written in PyTorch (a CPU stand-in):
