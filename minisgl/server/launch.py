@@ -4,8 +4,9 @@
               ^------------------------------ipc-----------------'  (tokens come back the same way)
 
 Every process receives on a socket it binds and sends on sockets it connects to, so start-up
-order does not matter for ZMQ. We still start the scheduler first: the tokenizer worker needs its
-context length. Start-up can take long (loading the model; on a GPU, compiling kernels and capturing
+order does not matter for ZMQ. Both start at once: the tokenizer worker loads its tokenizer while
+the scheduler loads the model, then waits for the context length the scheduler reports. Start-up
+can take long (loading the model; on a GPU, compiling kernels and capturing
 CUDA graphs), so it never blocks the caller's loop: `Backend.starting` yields while it waits, and
 says what it waits for (`waiting_for`), which the HTTP server reports at `/health` meanwhile.
 
@@ -26,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Generator, Iterator, List, Optional
+from typing import Any, Callable, Generator, Iterator, List, Optional, Tuple
 
 from .args import ServerArgs
 
@@ -104,7 +105,7 @@ def _loading(args: ServerArgs) -> str:
     return what
 
 
-def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_pid: int, ready: Connection) -> None:
+def _run_tokenizer(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: Connection) -> None:
     _child_setup()
     _name_process("minisgl-token")
     try:
@@ -113,10 +114,13 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, max_seq_len: int, parent_
         from minisgl.tokenizer.worker import TokenizerWorker
         from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path)
+        ready.send(("loaded", None))
+        max_seq_len = ready.recv()  # the scheduler's, once it has loaded the model
         from_api = ZmqPullQueue(addrs.api_to_tokenizer, bind=True)
         from_sched = ZmqPullQueue(addrs.scheduler_to_tokenizer, bind=True)
         worker = TokenizerWorker(
-            AutoTokenizer.from_pretrained(args.tokenizer_path),
+            tokenizer,
             max_seq_len,
             ZmqPushQueue(addrs.tokenizer_to_scheduler, bind=False),
             ZmqPushQueue(addrs.tokenizer_to_api, bind=False),
@@ -153,16 +157,20 @@ class Backend:
         self.report(what)
 
     def starting(self) -> Iterator[None]:
-        """Start the scheduler, then the tokenizer worker (it needs the context length), each
-        ready before the next. A generator that yields whenever it waits: the caller decides how
-        to wait (`start` sleeps, `start_async` lets an event loop run). On failure, or when closed
-        early, it stops whatever it started; a failure raises LaunchError."""
+        """Start the scheduler and the tokenizer worker together; once the scheduler is ready, hand
+        the worker its context length and wait for it too. A generator that yields whenever it waits:
+        the caller decides how to wait (`start` sleeps, `start_async` lets an event loop run). On
+        failure, or when closed early, it stops whatever it started; a failure raises LaunchError."""
         try:
             pid = os.getpid()
             self._waiting("the scheduler process to start")
-            self.info = yield from self._start("scheduler", _run_scheduler, self.args, self.addrs, pid)
+            scheduler = self._spawn("scheduler", _run_scheduler, self.args, self.addrs, pid)
+            tokenizer = self._spawn("tokenizer", _run_tokenizer, self.args, self.addrs, pid)
+            self.info = yield from self._wait_for("scheduler", *scheduler)
             self._waiting("the tokenizer worker to load the tokenizer")
-            yield from self._start("tokenizer", _run_tokenizer, self.args, self.addrs, self.info["max_seq_len"], pid)
+            yield from self._wait_for("tokenizer", *tokenizer, until="loaded")
+            tokenizer[1].send(self.info["max_seq_len"])
+            yield from self._wait_for("tokenizer", *tokenizer)
         except BaseException as e:
             if isinstance(e, Exception):
                 self.failed = str(e)
@@ -182,10 +190,10 @@ class Backend:
         finally:
             steps.close()  # cancelled while waiting: stop the children now, not when collected
 
-    def _start(self, name: str, target: Any, *args: Any) -> Generator[None, None, dict]:
-        """Start one child and wait (yielding) until it reports "ok"; returns what it reported."""
+    def _spawn(self, name: str, target: Any, *args: Any) -> Tuple[mp.Process, Connection]:
+        """Start one child; returns it and our end of its pipe (it reports there, we may answer)."""
         ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA or threads
-        parent, child = ctx.Pipe(duplex=False)
+        parent, child = ctx.Pipe()
         # a scheduler leading tensor-parallel ranks starts processes of its own, which a daemonic
         # process may not; it still dies with us (see _child_setup)
         daemon = not (name == "scheduler" and self.args.engine.tp_size > 1)
@@ -193,6 +201,11 @@ class Backend:
         proc.start()
         self.procs.append(proc)
         child.close()
+        return proc, parent
+
+    def _wait_for(self, name: str, proc: mp.Process, parent: Connection,
+                  until: str = "ok") -> Generator[None, None, Any]:
+        """Wait (yielding) until the child reports `until`; returns what it reported with it."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             while parent.poll():  # no timeout: only what is there already
@@ -202,7 +215,7 @@ class Backend:
                     proc.join(5)
                     raise LaunchError(f"the {name} process died while starting (exit code {proc.exitcode}); see "
                                       "its output above") from None
-                if status == "ok":
+                if status == until:
                     return payload
                 if status == "error":
                     raise LaunchError(f"the {name} process failed to start: {payload}")
