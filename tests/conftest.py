@@ -30,6 +30,14 @@ if _OWN_JUDGE_STATE:
     os.environ[JUDGE_STATE_ENV] = tempfile.mkdtemp(prefix="minisgl-judge-state-")
 
 
+# Transformers' greedy runs (the `hf_refs` oracle), shared by the xdist workers through one folder
+# for the run, so a reference two test files need is computed once; removed with the judge's folder.
+REFERENCE_DIR_ENV = "MINISGL_TEST_REFERENCE_DIR"
+if _OWN_JUDGE_STATE and REFERENCE_DIR_ENV not in os.environ:
+    os.environ[REFERENCE_DIR_ENV] = os.path.join(os.environ[JUDGE_STATE_ENV], "hf-references")
+    os.makedirs(os.environ[REFERENCE_DIR_ENV])
+
+
 def models_dir() -> Path:
     """Folder filled by `tools/prepare_models.py` (git-ignored)."""
     return REPO_ROOT / "models"
@@ -125,4 +133,5 @@ def hf_refs():
     """Hugging Face greedy generations, computed once per test session and shared by every test."""
     from helpers import ReferenceCache
 
-    return ReferenceCache()
+    folder = os.environ.get(REFERENCE_DIR_ENV)
+    return ReferenceCache(Path(folder) if folder else None)

@@ -9,8 +9,10 @@ the same tokens cheaply.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -128,18 +130,38 @@ def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool
 
 class ReferenceCache:
     """Memoised HF greedy generations. Greedy decoding is prefix-consistent, so one long run per
-    prompt answers every shorter `max_tokens` (cut at the first EOS)."""
+    prompt answers every shorter `max_tokens` (cut at the first EOS). With `folder` (the suite's
+    REFERENCE_DIR_ENV: one temporary folder per run, shared by the xdist workers) a run computed by
+    one worker is read by the others instead of computed again."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Optional[Path] = None) -> None:
         self._runs: Dict[Tuple[str, Tuple[int, ...], bool], List[int]] = {}
+        self.folder = folder
 
     def get(self, path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool = True) -> List[int]:
         key = (str(path), tuple(ids), stop_at_eos)
-        run = self._runs.get(key)
+        run = self._runs.get(key) or self._read(key)
         if run is None or (len(run) < max_tokens and not self._ended(path, run, stop_at_eos)):
             run = hf_greedy(path, ids, max(max_tokens, 16), stop_at_eos)
-            self._runs[key] = run
+            self._write(key, run)
+        self._runs[key] = run
         return run[:max_tokens]
+
+    def _file(self, key: tuple) -> Optional[Path]:
+        if self.folder is None:
+            return None
+        return self.folder / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".json")
+
+    def _read(self, key: tuple) -> Optional[List[int]]:
+        file = self._file(key)
+        return json.loads(file.read_text()) if file is not None and file.exists() else None
+
+    def _write(self, key: tuple, run: List[int]) -> None:
+        file = self._file(key)
+        if file is not None:
+            tmp = file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(run))
+            os.replace(tmp, file)  # a reader never sees half a file
 
     @staticmethod
     def _ended(path: Path, run: List[int], stop_at_eos: bool) -> bool:

@@ -39,6 +39,7 @@ import torch
 
 from minisgl.env import child_environment
 from minisgl.core import InvalidRequestError, Req, SamplingParams
+from minisgl.utils.tokenizer import has_tokenizer, load_tokenizer
 
 # "a JSON object" (json_mode="object"): any keys and values, but an object, as OpenAI's json_object
 ANY_OBJECT = json.dumps({"type": "object"})
@@ -92,13 +93,11 @@ class GrammarManager:
         with self._info_lock:
             if self._info is None:
                 import xgrammar as xgr
-                from transformers import AutoTokenizer
 
-                if not any((self.model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                                    "tokenizer.model")):
+                if not has_tokenizer(self.model_path):
                     raise InvalidRequestError(f"{self.model_path} has no tokenizer, which JSON mode needs; turn "
                                               "json_mode off")
-                tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+                tokenizer = load_tokenizer(self.model_path)
                 # the model's vocabulary may be padded past the tokenizer's; those ids are never allowed
                 self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                                 stop_token_ids=self.eos_ids)

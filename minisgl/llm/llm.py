@@ -13,6 +13,7 @@ from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.tp import TensorParallelMixin
 from minisgl.utils.misc import build_config
+from minisgl.utils.tokenizer import has_tokenizer, load_tokenizer
 
 Prompt = Union[str, Sequence[int]]
 
@@ -53,13 +54,9 @@ class LLM(TensorParallelMixin, Scheduler):
             options.setdefault("offline", True)  # the prefill budget that suits a whole run (config.py)
         config = build_config(SchedulerConfig, options, base=config)
         super().__init__(config)
-        from transformers import AutoTokenizer
-
         # a config-only folder (random weights for speed tests) has no tokenizer: token ids only
-        has_tokenizer = any((Path(config.engine.model_path) / f).exists() for f in ("tokenizer.json",
-                                                                                    "tokenizer_config.json",
-                                                                                    "tokenizer.model"))
-        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model_path) if has_tokenizer else None
+        path = config.engine.model_path
+        self.tokenizer = load_tokenizer(path) if has_tokenizer(path) else None
         self._outputs: Dict[int, RequestOutput] = {}
 
     def encode(self, prompt: Prompt, chat: bool = False) -> List[int]:

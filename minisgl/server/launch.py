@@ -109,12 +109,11 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     _child_setup()
     _name_process("minisgl-token")
     try:
-        from transformers import AutoTokenizer  # here too: only the worker tokenizes
-
-        from minisgl.tokenizer.worker import TokenizerWorker
+        from minisgl.tokenizer.worker import TokenizerWorker  # here too: only the worker tokenizes
         from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+        from minisgl.utils.tokenizer import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path)
+        tokenizer = load_tokenizer(args.tokenizer_path)
         ready.send(("loaded", None))
         max_seq_len = ready.recv()  # the scheduler's, once it has loaded the model
         from_api = ZmqPullQueue(addrs.api_to_tokenizer, bind=True)

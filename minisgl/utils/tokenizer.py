@@ -1,0 +1,38 @@
+"""A model folder's Hugging Face tokenizer, read once per process.
+
+Reading `tokenizer.json` costs a few tenths of a second; a process that builds several engines on
+one folder (a notebook, a test run, the scheduler and its grammar compiler) reads it once. The
+engine only reads from a tokenizer (encode, decode, chat template), so one object serves them all.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Tuple
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def has_tokenizer(model_path: str | Path) -> bool:
+    """Whether the folder holds a tokenizer (a config-only folder for speed runs does not)."""
+    return any((Path(model_path) / name).exists() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(model_path: str | Path) -> Any:
+    """`AutoTokenizer.from_pretrained(model_path)`, shared with earlier callers while the folder's
+    tokenizer files are unchanged."""
+    folder = Path(model_path).resolve()
+    return _load(str(folder), _signature(folder))
+
+
+def _signature(folder: Path) -> Tuple[Tuple[str, int, int], ...]:
+    files = (folder / name for name in TOKENIZER_FILES + ("special_tokens_map.json", "chat_template.jinja"))
+    return tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists())
+
+
+@functools.lru_cache(maxsize=4)
+def _load(folder: str, signature: Tuple[Tuple[str, int, int], ...]) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
