@@ -290,3 +290,37 @@ def test_every_results_quote_in_the_chapters_finds_its_text():
         quoted = stage4.gpu_results(heading)
         assert not quoted.startswith("not measured"), (chapter, heading)
         assert "\n## " in quoted and heading in quoted, (chapter, heading)
+
+
+def test_online_client_waits_for_a_starting_server_before_it_times_anything(capsys):
+    """The online benchmark waits out a server that is not listening yet, then one that answers
+    "starting" (503), saying once what it waits for; a server that never gets ready is an error."""
+    import asyncio
+
+    import httpx
+
+    from minisgl.benchmark import online
+
+    answers = iter([httpx.ConnectError("refused")] + [httpx.Response(503, json={"status": "starting",
+                                                                             "waiting_for": "the scheduler"})] * 2
+                   + [httpx.Response(200, json={"status": "ok"})])
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def wait(transport: httpx.MockTransport, timeout_s: float) -> None:
+        async with httpx.AsyncClient(transport=transport) as client:
+            await online.wait_until_ready(client, "http://server", timeout_s=timeout_s, poll_s=0.01)
+
+    asyncio.run(wait(httpx.MockTransport(handler), 5))
+    assert seen == ["/health"] * 4
+    said = capsys.readouterr().out.splitlines()
+    assert said == ["waiting for the server to listen (ConnectError)", "waiting for the scheduler"]
+    never = httpx.MockTransport(lambda r: httpx.Response(503, json={"status": "starting", "waiting_for": "a model"}))
+    with pytest.raises(online.ServerNotReady, match="not ready within 0 s .*waiting for a model"):
+        asyncio.run(wait(never, 0.05))

@@ -105,10 +105,36 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: L
     return RequestTiming(ttft if ttft is not None else e2e, e2e, tokens)
 
 
+class ServerNotReady(RuntimeError):
+    """The server did not answer /health with 200 in time."""
+
+
+async def wait_until_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 600.0, poll_s: float = 1.0) -> None:
+    """Wait until `/health` answers 200: a server that is still starting (503, what it waits for)
+    or not yet listening is waited for, saying so once, so no timing includes its start-up."""
+    deadline, said = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            r = await client.get(url + "/health")
+            if r.status_code == 200:
+                return
+            what = r.json().get("waiting_for") if r.status_code == 503 else f"HTTP {r.status_code}"
+        except httpx.TransportError as e:
+            what = f"the server to listen ({type(e).__name__})"
+        if what != said:
+            print(f"waiting for {what}", flush=True)
+            said = what
+        if time.monotonic() > deadline:
+            raise ServerNotReady(f"{url} was not ready within {timeout_s:.0f} s (last: waiting for {what}); is "
+                                 "`python -m minisgl` running there?")
+        await asyncio.sleep(poll_s)
+
+
 async def run(url: str, prompts: List[List[int]], max_tokens: List[int], concurrency: int,
               model: Optional[str] = None) -> OnlineReport:
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        await wait_until_ready(client, url)
         if model is None:
             model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         gate = asyncio.Semaphore(concurrency)
@@ -141,6 +167,7 @@ async def stall_probe(url: str, long_len: int, delay_s: float, seed: int, model:
     it lands in): its TTFT and E2E, and the long prompt's TTFT, in milliseconds."""
     long_prompt = np.random.default_rng(seed).integers(100, 10000, long_len).tolist()
     async with httpx.AsyncClient(timeout=None) as client:
+        await wait_until_ready(client, url)
         if model is None:
             model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         await one_request(client, url, model, long_prompt[:8], 2)  # warm-up: connection, first step
