@@ -7,7 +7,6 @@ tensors against torch), so a stage that imports but computes wrongly fails here 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -108,22 +107,15 @@ print(json.dumps({"device": device.type,
 ])
 def test_auto_resolves_among_what_the_stage_holds(chapter, attention, graphs):
     import json
-    import os
-    import subprocess
 
     stage = stages.build(chapter)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", _PRETEND_GPU, str(stage)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = stages.run_python(_PRETEND_GPU, [str(stage)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"device": "cuda", "attention": attention, "graphs": graphs}
 
 
 def test_explicit_flashinfer_in_a_stage_without_it_says_which_chapter_adds_it():
-    import os
-    import subprocess
-
     stage = stages.build(6)
     code = (
         "import sys, torch; sys.path.insert(0, sys.argv[1])\n"
@@ -133,8 +125,6 @@ def test_explicit_flashinfer_in_a_stage_without_it_says_which_chapter_adds_it():
         "kv = MHAKVCache(1, 4, 1, 2, 64, torch.bfloat16, torch.device('cpu'))\n"
         "create_attention_backend('flashinfer', kv, torch.zeros(2, 4, dtype=torch.int32))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code, str(stage)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = stages.run_python(code, [str(stage)], timeout=120)
     assert proc.returncode != 0
     assert "ValueError" in proc.stderr and "chapter 17 adds it" in proc.stderr

@@ -25,7 +25,7 @@ try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -326,6 +326,42 @@ def isolate_finders() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 
 
+_PRELOADED: Optional[object] = None
+_CHILD = r"""
+import os, sys
+os.chdir({cwd!r})
+for fd, path in ((1, {out!r}), (2, {err!r})):
+    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+sys.argv = ["-c", *{args!r}]
+exec(compile({code!r}, "<string>", "exec"), {{"__name__": "__main__"}})
+"""
+
+
+def run_python(code: str, args: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """What `python -c code *args` (in the repository) gives, from a process that has already imported
+    torch and transformers: each run is forked from a fork server that imported them once (it has
+    imported nothing of minisgl), which saves every run those seconds of start-up."""
+    import multiprocessing as mp
+    import tempfile
+
+    global _PRELOADED
+    if _PRELOADED is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "transformers"])
+        _PRELOADED = ctx
+    with tempfile.TemporaryDirectory(prefix="minisgl-stage-run-") as tmp:
+        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        child = _PRELOADED.Process(target=exec, args=(_CHILD.format(cwd=str(REPO), out=out, err=err, args=args,
+                                                                    code=code),))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        read = lambda path: Path(path).read_text() if os.path.exists(path) else ""  # noqa: E731
+        return subprocess.CompletedProcess(["python", "-c", "...", *args], child.exitcode, read(out), read(err))
+
+
 _RUNNER = r"""
 import runpy, sys
 stage, example = sys.argv[1], sys.argv[2]
@@ -356,12 +392,8 @@ def run_example(n: int, manifest: Optional[Manifest] = None, timeout: float = 30
     if not example.is_file():
         return CheckResult(n, True, 0.0, skipped=f"no example {example.relative_to(REPO)}")
     stage = build(n, manifest)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(stage), str(example)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )
+    proc = run_python(_RUNNER, [str(stage), str(example)], timeout)
     return CheckResult(n, proc.returncode == 0, time.perf_counter() - start, proc.stdout + proc.stderr)
 
 
