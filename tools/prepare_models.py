@@ -247,23 +247,25 @@ def reload_and_greedy(folder: Path, what: str):
 @contextlib.contextmanager
 def one_gguf_parse() -> Iterator[None]:
     """transformers parses the GGUF file three times (config, tokenizer, weights), a few seconds each
-    for its 49k-token vocabulary; inside this block every parse of one path is the first one's
-    reader (read-only: a memory map and the fields read from it)."""
+    for its 49k-token vocabulary, and builds gguf's tensor-name table once per module of the model;
+    inside this block each is built once and reused (both are only read)."""
+    import functools
+
     import gguf as gguf_lib
 
-    real, readers = gguf_lib.GGUFReader, {}
+    real_reader, real_names, readers = gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map, {}
 
     def reader(path, *args, **kwargs):
         key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
         if key not in readers:
-            readers[key] = real(path, *args, **kwargs)
+            readers[key] = real_reader(path, *args, **kwargs)
         return readers[key]
 
-    gguf_lib.GGUFReader = reader
+    gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_names)
     try:
         yield
     finally:
-        gguf_lib.GGUFReader = real
+        gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map = real_reader, real_names
 
 
 def build_smollm2(out: Path) -> dict:
