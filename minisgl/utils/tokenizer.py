@@ -1,7 +1,8 @@
 """A model folder's Hugging Face tokenizer, read once per process.
 
-Reading `tokenizer.json` costs a few tenths of a second; a process that builds several engines on
-one folder (a notebook, a test run, the scheduler and its grammar compiler) reads it once. The
+Parsing `tokenizer.json` (the whole vocabulary and its merges) is the slow part of building an `LLM`
+on a small model; a process that builds several engines on one folder (a notebook, a test run, the
+scheduler and its grammar compiler) parses it once. The
 engine only reads from a tokenizer (encode, decode, chat template), so one object serves them all.
 """
 
