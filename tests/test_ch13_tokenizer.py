@@ -15,10 +15,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from minisgl.core import SamplingParams
+from minisgl.core import InvalidRequestError, SamplingParams
 from minisgl.message import AbortMsg, DetokenizeMsg, ErrorReply, SchedulerErrorMsg, TokenizeMsg, UserMsg, UserReply
 from minisgl.tokenizer import IncrementalDetokenizer, StopStringFilter, TokenizeManager
 from minisgl.tokenizer.worker import TokenizerWorker
+from minisgl.utils.tokenizer import placeholder_tokenizer
 
 from helpers import SMOLLM2
 
@@ -195,3 +196,17 @@ def test_worker_flushes_on_finish_and_forgets_aborted_requests(worker, smol_tok)
     assert worker.on_scheduler_msg(DetokenizeMsg(5, 7)) == []
     assert worker.on_scheduler_msg(SchedulerErrorMsg(6, "too big")) == [ErrorReply(6, 400, "too big")]
     assert isinstance(UserReply(1, ""), UserReply)
+
+
+def test_a_chat_without_a_chat_template_is_refused_with_what_to_do_instead():
+    manager = TokenizeManager(placeholder_tokenizer(50))
+    with pytest.raises(InvalidRequestError, match="no chat template.*plain prompt"):
+        manager.encode([{"role": "user", "content": "hi"}], chat=True)
+    assert manager.encode("<7><42>", chat=False) == [7, 42]  # a plain prompt still goes through
+
+
+def test_the_placeholder_tokenizer_reads_token_i_as_angle_i():
+    tok = placeholder_tokenizer(1000)
+    assert len(tok) == 1000
+    assert tok.decode([5, 17, 999]) == "<5><17><999>"
+    assert stream(tok, [5, 17, 999, 3]) == ["<5>", "<17>", "<999>", "<3>", ""]  # each token streams as it comes

@@ -20,11 +20,13 @@ from dataclasses import fields
 from typing import Dict, List
 
 import pytest
+from transformers import AutoTokenizer
 
 from helpers import REPO_ROOT, TINY_LLAMA
 from minisgl.engine import EngineConfig
 from minisgl.scheduler import SchedulerConfig
 from minisgl.server.args import ServerArgs, ServerConfig, build_parser, parse_args
+from minisgl.server.launch import _server_tokenizer
 from minisgl.utils.misc import UnknownOptionError, add_config_flags, option_fields
 
 CONFIGS = (EngineConfig, SchedulerConfig, ServerConfig)
@@ -191,3 +193,15 @@ def test_a_program_can_leave_settings_out_of_its_flags():
     for bad in ({"exclude": ("page_sise",)}, {"helps": {"modle_path": "x"}}):
         with pytest.raises(UnknownOptionError, match="did you mean"):
             add_config_flags(argparse.ArgumentParser(), SchedulerConfig, **bad)
+
+
+def test_a_folder_without_a_tokenizer_serves_random_weights_with_token_numbers_and_nothing_else(tmp_path):
+    (tmp_path / "config.json").write_text((TINY_LLAMA / "config.json").read_text())  # a config-only folder
+    vocab_size = json.loads((TINY_LLAMA / "config.json").read_text())["vocab_size"]
+    tok = _server_tokenizer(ServerArgs.from_options(model_path=str(tmp_path), dummy_weights=True))
+    assert len(tok) == vocab_size and tok.decode([3, 1]) == "<3><1>"
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer.*--tokenizer DIR"):
+        _server_tokenizer(ServerArgs.from_options(model_path=str(tmp_path)))  # real weights need their tokenizer
+    real = _server_tokenizer(ServerArgs.from_options(model_path=str(tmp_path), dummy_weights=True,
+                                                     tokenizer=str(TINY_LLAMA)))
+    assert real.decode([3, 1]) == AutoTokenizer.from_pretrained(TINY_LLAMA).decode([3, 1])

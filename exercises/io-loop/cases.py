@@ -6,6 +6,7 @@ Every poll timeout, every delivery, every step and every send is recorded, in or
 """
 
 import random
+import shutil
 import tempfile
 from typing import Any, List, Tuple
 
@@ -101,6 +102,7 @@ def make_io(log: list, deliveries, **config):
     sched = SchedulerIO(harness.scheduler_config(**config), f"ipc://{folder}/in", f"ipc://{folder}/out")
     sched.recv_queue.close()
     sched.send_queue.close()
+    shutil.rmtree(folder, ignore_errors=True)  # the sockets are closed: nothing will use the folder again
     sched.steps_run = 0
     engine_step = type(sched).step
 

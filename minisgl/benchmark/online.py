@@ -180,20 +180,6 @@ async def stall_probe(url: str, long_len: int, delay_s: float, seed: int, model:
             "chat_e2e_ms": short.e2e_s * 1e3}
 
 
-def write_placeholder_tokenizer(folder: str, vocab_size: int) -> None:
-    """A tokenizer where token i reads "<i>", for speed runs with random weights whose vocabulary
-    no available tokenizer covers (ids past a real tokenizer's vocabulary decode to nothing, so the
-    client would see no text and could not time the first token)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"<{i}>": i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<0>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<0>").save_pretrained(folder)
-
-
 def main(argv: Optional[List[str]] = None) -> Optional[OnlineReport]:
     p = argparse.ArgumentParser(prog="python -m minisgl.benchmark.online",
                                 description="TTFT / TPOT / E2E and throughput against a running minisgl server")
@@ -207,9 +193,6 @@ def main(argv: Optional[List[str]] = None) -> Optional[OnlineReport]:
                    help="output length range, in tokens")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--json-out", default=None, help="also write the report as JSON to this file")
-    p.add_argument("--write-placeholder-tokenizer", nargs=2, metavar=("DIR", "VOCAB_SIZE"), default=None,
-                   help="only write a tokenizer whose token i reads '<i>' to DIR (for a server with --dummy-weights), "
-                        "then exit")
     p.add_argument("--stall-probe", type=int, default=None, metavar="N",
                    help="instead of the workload: a chat with a 2-token answer sent while an N-token prompt is "
                         "prefilled; print its TTFT")
@@ -219,9 +202,6 @@ def main(argv: Optional[List[str]] = None) -> Optional[OnlineReport]:
     if a.stall_probe is not None:
         figures = asyncio.run(stall_probe(a.url.rstrip("/"), a.stall_probe, a.probe_delay, a.seed, a.model))
         print("  ".join(f"{k} {v:.0f}" for k, v in figures.items()), flush=True)
-        return None
-    if a.write_placeholder_tokenizer:
-        write_placeholder_tokenizer(a.write_placeholder_tokenizer[0], int(a.write_placeholder_tokenizer[1]))
         return None
     w = make_workload(a.num_requests, a.input_len[0], a.input_len[1], a.output_len[0], a.output_len[1], a.seed)
     report = asyncio.run(run(a.url.rstrip("/"), w.prompts, w.max_tokens, a.concurrency, a.model))

@@ -28,7 +28,8 @@ _VOCAB = ("embed_tokens.weight", "lm_head.weight")
 def iter_checkpoint(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}: put the checkpoint there, or run with "
+                                "random weights of this shape (--dummy-weights, LLM(..., dummy_weights=True))")
     for f in files:
         with safe_open(str(f), framework="pt") as reader:
             for name in reader.keys():

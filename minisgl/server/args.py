@@ -22,7 +22,8 @@ class ServerConfig:
     served_model_name: Optional[str] = field(default=None, metadata={"help": "name clients use in the 'model' field; "
                                                                              "default: the model folder's name"})
     tokenizer: Optional[str] = field(default=None, metadata={"help": "tokenizer directory; default: the model "
-                                                                     "directory"})
+                                                                     "directory (random weights in a folder without "
+                                                                     "one: token i reads '<i>')"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=1919, metadata={"help": "port to listen on"})
     shell: bool = field(default=False, metadata={"help": "chat in the terminal instead of serving HTTP"})

@@ -111,9 +111,7 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     try:
         from minisgl.tokenizer.worker import TokenizerWorker  # here too: only the worker tokenizes
         from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
-        from minisgl.utils.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer_path)
+        tokenizer = _server_tokenizer(args)
         ready.send(("loaded", None))
         max_seq_len = ready.recv()  # the scheduler's, once it has loaded the model
         from_api = ZmqPullQueue(addrs.api_to_tokenizer, bind=True)
@@ -129,6 +127,22 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
         raise
     ready.send(("ok", {}))
     worker.run(from_api, from_sched, parent_pid)
+
+
+def _server_tokenizer(args: ServerArgs) -> Any:
+    """The tokenizer in `args.tokenizer_path`; for random weights in a folder that has none, one
+    whose token i reads "<i>", so the text streamed back still shows each token."""
+    from minisgl.utils.tokenizer import TOKENIZER_FILES, has_tokenizer, load_tokenizer, placeholder_tokenizer
+
+    path = args.tokenizer_path
+    if has_tokenizer(path):
+        return load_tokenizer(path)
+    if args.engine.dummy_weights and args.server.tokenizer is None:
+        from minisgl.models.config import ModelConfig
+
+        say(f"{path} holds no tokenizer: token i reads as '<i>' (random weights)")
+        return placeholder_tokenizer(ModelConfig.from_dir(path).vocab_size)
+    raise FileNotFoundError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): pass --tokenizer DIR")
 
 
 class Backend:

@@ -17,17 +17,10 @@ import json
 from typing import Any, Dict, List, Optional, Union
 
 from minisgl.core import InvalidRequestError
+from minisgl.utils.tokenizer import check_has_chat_template, template_source
 
 Prompt = Union[str, List[int], List[Dict[str, Any]], Dict[str, Any]]  # the dict: {"messages", "tools"}
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-
-
-def template_source(tokenizer) -> str:
-    """The default chat template's Jinja text ('' when the tokenizer has none)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named templates: "default" is the one apply_chat_template uses
-        template = template.get("default")
-    return template if isinstance(template, str) else ""
 
 
 def check_renders_tools(tokenizer) -> None:
@@ -72,6 +65,7 @@ class TokenizeManager:
         checked to say all it said."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("messages must be a list of {role, content} objects")
+        check_has_chat_template(self.tokenizer)
         if tools:
             check_renders_tools(self.tokenizer)
         try:

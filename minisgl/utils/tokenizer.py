@@ -12,6 +12,8 @@ import functools
 from pathlib import Path
 from typing import Any, Tuple
 
+from minisgl.core import InvalidRequestError
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
@@ -37,3 +39,31 @@ def _load(folder: str, signature: Tuple[Tuple[str, int, int], ...]) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
+
+
+def template_source(tokenizer) -> str:
+    """The default chat template's Jinja text ('' when the tokenizer has none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: "default" is the one apply_chat_template uses
+        template = template.get("default")
+    return template if isinstance(template, str) else ""
+
+
+def check_has_chat_template(tokenizer) -> None:
+    """Raise InvalidRequestError if the tokenizer has no chat template to render a conversation with."""
+    if not template_source(tokenizer):
+        raise InvalidRequestError("the model's tokenizer has no chat template: send the text as a plain prompt "
+                                  "(/v1/completions, or LLM.generate without chat=True), or use a tokenizer that has "
+                                  "one")
+
+
+def placeholder_tokenizer(vocab_size: int) -> Any:
+    """A tokenizer whose token i reads "<i>" (and "<i>" encodes to i): readable text for random
+    weights whose vocabulary no tokenizer at hand covers."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<\d+>"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<0>")
