@@ -293,16 +293,17 @@ def test_every_results_quote_in_the_chapters_finds_its_text():
 
 
 def test_online_client_waits_for_a_starting_server_before_it_times_anything(capsys):
-    """The online benchmark waits out a server that is not listening yet, then one that answers
-    "starting" (503), saying once what it waits for; a server that never gets ready is an error."""
+    """The online benchmark waits out a server that is not listening yet, a proxy's 503 page, then a
+    server that answers "starting" (503), saying once what it waits for; one that never gets ready is
+    an error."""
     import asyncio
 
     import httpx
 
     from minisgl.benchmark import online
 
-    answers = iter([httpx.ConnectError("refused")] + [httpx.Response(503, json={"status": "starting",
-                                                                             "waiting_for": "the scheduler"})] * 2
+    answers = iter([httpx.ConnectError("refused"), httpx.Response(503, text="<html>Service Unavailable</html>")]
+                   + [httpx.Response(503, json={"status": "starting", "waiting_for": "the scheduler"})] * 2
                    + [httpx.Response(200, json={"status": "ok"})])
     seen = []
 
@@ -318,9 +319,9 @@ def test_online_client_waits_for_a_starting_server_before_it_times_anything(caps
             await online.wait_until_ready(client, "http://server", timeout_s=timeout_s, poll_s=0.01)
 
     asyncio.run(wait(httpx.MockTransport(handler), 5))
-    assert seen == ["/health"] * 4
+    assert seen == ["/health"] * 5
     said = capsys.readouterr().out.splitlines()
-    assert said == ["waiting for the server to listen (ConnectError)", "waiting for the scheduler"]
+    assert said == ["waiting for the server to listen (ConnectError)", "waiting for HTTP 503", "waiting for the scheduler"]
     never = httpx.MockTransport(lambda r: httpx.Response(503, json={"status": "starting", "waiting_for": "a model"}))
     with pytest.raises(online.ServerNotReady, match="not ready within 0 s .*waiting for a model"):
         asyncio.run(wait(never, 0.05))

@@ -109,6 +109,14 @@ class ServerNotReady(RuntimeError):
     """The server did not answer /health with 200 in time."""
 
 
+def _waiting_for(r: httpx.Response) -> str:
+    """What a server that is not ready says it waits for (minisgl's 503 names it; anything else, its status)."""
+    try:
+        return str(r.json()["waiting_for"]) if r.status_code == 503 else f"HTTP {r.status_code}"
+    except (ValueError, KeyError, TypeError):  # a 503 that is not minisgl's (a proxy's error page)
+        return f"HTTP {r.status_code}"
+
+
 async def wait_until_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 600.0, poll_s: float = 1.0) -> None:
     """Wait until `/health` answers 200: a server that is still starting (503, what it waits for)
     or not yet listening is waited for, saying so once, so no timing includes its start-up."""
@@ -118,7 +126,7 @@ async def wait_until_ready(client: httpx.AsyncClient, url: str, timeout_s: float
             r = await client.get(url + "/health")
             if r.status_code == 200:
                 return
-            what = r.json().get("waiting_for") if r.status_code == 503 else f"HTTP {r.status_code}"
+            what = _waiting_for(r)
         except httpx.TransportError as e:
             what = f"the server to listen ({type(e).__name__})"
         if what != said:

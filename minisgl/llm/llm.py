@@ -13,7 +13,7 @@ from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.tp import TensorParallelMixin
 from minisgl.utils.misc import build_config
-from minisgl.utils.tokenizer import check_has_chat_template, has_tokenizer, load_tokenizer
+from minisgl.utils.tokenizer import NO_CHAT_TEMPLATE, has_chat_template, has_tokenizer, load_tokenizer
 
 Prompt = Union[str, Sequence[int]]
 
@@ -66,7 +66,8 @@ class LLM(TensorParallelMixin, Scheduler):
             raise InvalidRequestError(f"{self.config.engine.model_path} has no tokenizer: pass prompts as lists of "
                                       "token ids")
         if chat:
-            check_has_chat_template(self.tokenizer)
+            if not has_chat_template(self.tokenizer):
+                raise InvalidRequestError(NO_CHAT_TEMPLATE)
             messages = [{"role": "user", "content": prompt}]
             return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                            return_dict=False))

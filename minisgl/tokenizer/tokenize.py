@@ -17,7 +17,7 @@ import json
 from typing import Any, Dict, List, Optional, Union
 
 from minisgl.core import InvalidRequestError
-from minisgl.utils.tokenizer import check_has_chat_template, template_source
+from minisgl.utils.tokenizer import NO_CHAT_TEMPLATE, has_chat_template, template_source
 
 Prompt = Union[str, List[int], List[Dict[str, Any]], Dict[str, Any]]  # the dict: {"messages", "tools"}
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -65,7 +65,8 @@ class TokenizeManager:
         checked to say all it said."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("messages must be a list of {role, content} objects")
-        check_has_chat_template(self.tokenizer)
+        if not has_chat_template(self.tokenizer):
+            raise InvalidRequestError(NO_CHAT_TEMPLATE)
         if tools:
             check_renders_tools(self.tokenizer)
         try:

@@ -2,8 +2,9 @@
 
 Parsing `tokenizer.json` (the whole vocabulary and its merges) is the slow part of building an `LLM`
 on a small model; a process that builds several engines on one folder (a notebook, a test run, the
-scheduler and its grammar compiler) parses it once. The
-engine only reads from a tokenizer (encode, decode, chat template), so one object serves them all.
+scheduler and its grammar compiler) parses it once. The engine only reads from a tokenizer
+(encode, decode, chat template), so one object serves them all. Also here: whether a tokenizer can
+render a chat, and the stand-in that random weights get when their folder has no tokenizer.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from typing import Any, Tuple
-
-from minisgl.core import InvalidRequestError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -41,7 +40,7 @@ def _load(folder: str, signature: Tuple[Tuple[str, int, int], ...]) -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def template_source(tokenizer) -> str:
+def template_source(tokenizer: Any) -> str:
     """The default chat template's Jinja text ('' when the tokenizer has none)."""
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # named templates: "default" is the one apply_chat_template uses
@@ -49,12 +48,12 @@ def template_source(tokenizer) -> str:
     return template if isinstance(template, str) else ""
 
 
-def check_has_chat_template(tokenizer) -> None:
-    """Raise InvalidRequestError if the tokenizer has no chat template to render a conversation with."""
-    if not template_source(tokenizer):
-        raise InvalidRequestError("the model's tokenizer has no chat template: send the text as a plain prompt "
-                                  "(/v1/completions, or LLM.generate without chat=True), or use a tokenizer that has "
-                                  "one")
+NO_CHAT_TEMPLATE = ("the model's tokenizer has no chat template: send the text as a plain prompt (/v1/completions, "
+                    "or LLM.generate without chat=True), or use a tokenizer that has one")
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(template_source(tokenizer))
 
 
 def placeholder_tokenizer(vocab_size: int) -> Any:
