@@ -30,10 +30,19 @@ def _combo_id(c) -> str:
     return f"{cache}-{'overlap' if overlap else 'serial'}-{'chunk7' if chunk == 7 else 'nochunk'}-page{page}"
 
 
+def _half_fraction(c) -> bool:
+    """Half of the 16 settings in which every pair of values of any two switches still occurs (twice):
+    an interaction of two switches shows in it; the tiny models run all 16 in a tenth of the time."""
+    cache, overlap, chunk, page = c
+    return (cache == "radix") ^ overlap ^ (chunk == 7) ^ (page == 4) == 0
+
+
 # tiny-llama joins because its random weights give varied greedy tokens (tiny-qwen3 mostly repeats
 # one token, so on its own it would hide a wrong KV read that SmolLM2 and tiny-llama expose)
-@pytest.mark.parametrize("path", [SMOLLM2, TINY_QWEN3, TINY_LLAMA], ids=lambda p: p.name)
-@pytest.mark.parametrize("combo", COMBOS, ids=[_combo_id(c) for c in COMBOS])
+RUNS = [(c, path) for c in COMBOS for path in (SMOLLM2, TINY_QWEN3, TINY_LLAMA) if path != SMOLLM2 or _half_fraction(c)]
+
+
+@pytest.mark.parametrize("combo,path", RUNS, ids=[f"{_combo_id(c)}-{p.name}" for c, p in RUNS])
 def test_llm_equals_transformers_under_every_configuration(path, combo, hf_refs):
     """Eight prompts of 1 to 34 tokens with max_tokens 1 to 16, four table rows (so requests join
     and leave mid-flight), then a second call whose prompts share long prefixes with the first."""
