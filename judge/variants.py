@@ -21,6 +21,8 @@ which is what happens when the engine's code changes under an edit.
 from __future__ import annotations
 
 import ast
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -230,20 +232,33 @@ def apply(base: str, variant: Variant, where: str = "") -> str:
 
 def materialise(ex: Exercise, out_dir: Optional[Path] = None) -> Dict[str, Path]:
     """Write the base (`solution.py`) and every variant (`wrong/<name>.py`) as files a worker can
-    load; keys are those names. Raises VariantError on the first edit that no longer applies."""
+    load; keys are those names. Raises VariantError on the first edit that no longer applies.
+    Safe while other processes materialise or read the same files (parallel test workers, two
+    notebooks): each file is replaced whole, and only variants no longer declared are removed."""
     out_dir = out_dir or GENERATED_DIR / ex.id
-    (out_dir / "wrong").mkdir(parents=True, exist_ok=True)
-    for stale in (out_dir / "wrong").glob("*.py"):
-        stale.unlink()
     base = base_source(ex)
-    files = {"solution.py": out_dir / "solution.py"}
-    files["solution.py"].write_text(base)
     where = f"exercises/{ex.id}/wrong.toml: "
+    texts = {"solution.py": base}
     for v in declared(ex.id):
-        key = f"wrong/{v.name}.py"
-        files[key] = out_dir / key
-        files[key].write_text(f"# Wrong: {v.why}\n" + apply(base, v, where))
+        texts[f"wrong/{v.name}.py"] = f"# Wrong: {v.why}\n" + apply(base, v, where)
+    (out_dir / "wrong").mkdir(parents=True, exist_ok=True)
+    files = {key: out_dir / key for key in texts}
+    for key, text in texts.items():
+        _replace_whole(files[key], text)
+    for stale in (out_dir / "wrong").glob("*.py"):  # a variant renamed or removed since the last run
+        if f"wrong/{stale.name}" not in texts:
+            stale.unlink(missing_ok=True)
     return files
+
+
+def _replace_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never half of one."""
+    if path.exists() and path.read_text() == text:
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def solution_file(exercise_id: str) -> Path:

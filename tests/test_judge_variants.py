@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -112,3 +113,24 @@ def test_an_answer_shows_no_later_exercise_answer(earlier: str, later: str, symb
     assert _defs(base, [symbol])[symbol.qualname] != _defs(engine, [Replace(symbol.module, symbol.attr)])[symbol.attr], (
         f"{earlier}'s answer shows {symbol.qualname} as the engine has it, which is {later}'s answer: "
         f"declare an [answer] edit in exercises/{earlier}/wrong.toml that gives {earlier}'s own version")
+
+
+def test_materialising_the_same_exercise_at_once_from_many_places_is_safe(tmp_path) -> None:
+    """Test workers (and two notebooks) write the same generated files at the same time: none may
+    fail, nor read half a file, and a variant no longer declared is still cleared away."""
+    ex = registry.load("req-lengths")
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "wrong" / "renamed_since.py").write_text("# an old variant\n")
+    expected = {key: path.read_text() for key, path in variants.materialise(ex, tmp_path / "reference").items()}
+    seen: list = []
+
+    def worker() -> None:
+        for _ in range(5):
+            files = variants.materialise(ex, tmp_path)
+            seen.append({key: path.read_text() for key, path in files.items()})
+
+    with ThreadPoolExecutor(6) as pool:
+        for f in [pool.submit(worker) for _ in range(6)]:
+            f.result()  # re-raises what a worker hit
+    assert len(seen) == 30 and all(s == expected for s in seen)
+    assert sorted(p.name for p in (tmp_path / "wrong").iterdir()) == sorted(k.split("/")[1] for k in expected if "/" in k)
