@@ -9,11 +9,15 @@ before a grading and puts them back after it (`snapshot`, `restore`) before addi
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 from . import registry
 from .result import GradeResult
@@ -97,13 +101,23 @@ def load() -> Dict[str, Progress]:
 def record(result: GradeResult, when: Optional[str] = None) -> Progress:
     """Add one grading: it becomes the latest, and the best unless an earlier one passed more."""
     now = Attempt(result.passed, result.total, result.file, when or time.strftime("%Y-%m-%d %H:%M"))
-    state = load()
-    old = state.get(result.exercise)
-    best = now if old is None or now.rank() >= old.best.rank() else old.best
-    state[result.exercise] = Progress(best=best, latest=now)
     target = path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: asdict(v) for k, v in state.items()}, indent=1, sort_keys=True))
-    tmp.replace(target)  # a grading killed mid-write never leaves half a record
+    with _locked(target.with_suffix(".lock")):  # two notebooks grading at once: neither loses the other's
+        state = load()
+        old = state.get(result.exercise)
+        best = now if old is None or now.rank() >= old.best.rank() else old.best
+        state[result.exercise] = Progress(best=best, latest=now)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".results.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({k: asdict(v) for k, v in state.items()}, indent=1, sort_keys=True))
+        os.replace(tmp, target)  # a grading killed mid-write never leaves half a record
     return state[result.exercise]
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` (a file that stays) while the block runs."""
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,27 @@ def test_record_keeps_best_beside_latest(tmp_path: Path, monkeypatch: pytest.Mon
     assert str(p) == "best 4/4 (d2), latest 1/4 (d3)"
     progress.record(_result(4), when="d4")  # an equal score is the newer best
     assert progress.load()["req-lengths"].best.when == "d4"
+
+
+def _record_many(state_dir: str, exercise: str) -> None:
+    registry.STATE_DIR = Path(state_dir)
+    for n in range(12):
+        progress.record(GradeResult(exercise, "work.py", "cpu", [CaseResult("c", "unit", "pass")] * (n + 1)), when=f"{n}")
+
+
+def test_gradings_recorded_at_once_from_several_kernels_are_all_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two notebooks (or a notebook and `judge.py`) grading at the same moment: each one's record survives."""
+    exercises = registry.exercise_ids()[:4]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_record_many, args=(str(tmp_path), ex)) for ex in exercises]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path)
+    record = progress.load()
+    assert {ex: (record[ex].latest.when, record[ex].best.passed) for ex in exercises} == {ex: ("11", 12) for ex in exercises}
 
 
 def test_record_reads_the_first_layout_and_survives_garbage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
