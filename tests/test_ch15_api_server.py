@@ -273,6 +273,27 @@ def test_shell_chats_under_a_pseudo_terminal(tiny_llm):
     assert not [p for p in kids if pid_alive(p)], "shell left processes behind"
 
 
+def test_shell_completes_plain_text_when_the_tokenizer_has_no_chat_template(tmp_path):
+    """Random weights in a config-only folder: token i reads '<i>', and with no chat template to render
+    a conversation the shell completes each line as it stands, as LLM.generate does with those ids."""
+    (tmp_path / "config.json").write_text((REPO_ROOT / TINY / "config.json").read_text())
+    ref = LLM(str(tmp_path), dummy_weights=True, device="cpu").generate([[5, 6]], SamplingParams(max_tokens=4))[0]
+    cmd = f"{sys.executable} -m minisgl --shell --model {tmp_path} --dummy-weights --shell-max-tokens 4"
+    child = pexpect.spawn(cmd, cwd=str(REPO_ROOT), encoding="utf-8", timeout=240)
+    try:
+        child.expect("no chat template: each line is completed as plain text")
+        child.expect(r"\n> ")
+        child.sendline("<5><6>")
+        child.expect(r"\r\n> ")
+        echoed, reply = child.before.replace("\r\n", "\n").split("\n", 1)
+        assert echoed == "<5><6>" and reply == "".join(f"<{t}>" for t in ref.token_ids)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_shutdown_leaves_no_processes(sig):
     server = ServerProcess(TINY)

@@ -111,6 +111,8 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     try:
         from minisgl.tokenizer.worker import TokenizerWorker  # here too: only the worker tokenizes
         from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+        from minisgl.utils.tokenizer import has_chat_template
+
         tokenizer = _server_tokenizer(args)
         ready.send(("loaded", None))
         max_seq_len = ready.recv()  # the scheduler's, once it has loaded the model
@@ -125,7 +127,7 @@ def _run_tokenizer(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
     except Exception as e:
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise
-    ready.send(("ok", {}))
+    ready.send(("ok", {"chat_template": has_chat_template(tokenizer)}))
     worker.run(from_api, from_sched, parent_pid)
 
 
@@ -151,7 +153,8 @@ class Backend:
 
     Start-up state, for whoever reports it: `waiting_for` (what start-up waits for now, None once
     ready), `ready`, and `failed` (why start-up failed, else None). `report` is called with each new
-    `waiting_for`, so a terminal can print what it waits for."""
+    `waiting_for`, so a terminal can print what it waits for. Once ready, `info` holds what the
+    children reported: the context length, KV pages and device, and whether there is a chat template."""
 
     def __init__(self, args: ServerArgs, timeout_s: float = 600.0, report: Callable[[str], None] = lambda what: None):
         self.args = args
@@ -183,7 +186,7 @@ class Backend:
             self._waiting("the tokenizer worker to load the tokenizer")
             yield from self._wait_for("tokenizer", *tokenizer, until="loaded")
             tokenizer[1].send(self.info["max_seq_len"])
-            yield from self._wait_for("tokenizer", *tokenizer)
+            self.info.update((yield from self._wait_for("tokenizer", *tokenizer)))
         except BaseException as e:
             if isinstance(e, Exception):
                 self.failed = str(e)

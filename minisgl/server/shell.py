@@ -1,7 +1,8 @@
 """`python -m minisgl --shell`: chat with the model in the terminal.
 
 The same scheduler and tokenizer processes as the HTTP server; only the front end differs, and
-it is synchronous: read a line, send it with the conversation so far, print text as it streams.
+it is synchronous: read a line, send it with the conversation so far, print text as it streams
+(a tokenizer without a chat template gets each line alone, as plain text to complete).
 Ctrl-C during a reply aborts it (the scheduler frees the request); Ctrl-D or /exit quits.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Union
 
 from minisgl.core import SamplingParams
 from minisgl.message import AbortMsg, BatchMsg, ErrorReply, TokenizeMsg, UserReply
@@ -28,10 +29,11 @@ class ShellClient:
         self.from_tokenizer = ZmqPullQueue(backend.addrs.tokenizer_to_api, bind=True)
         self._uids = itertools.count()
 
-    def chat(self, messages: List[Dict[str, str]], params: SamplingParams,
-             max_tokens_from_context: bool) -> Iterator[UserReply]:
+    def ask(self, prompt: Union[str, List[Dict[str, str]]], params: SamplingParams,
+            max_tokens_from_context: bool) -> Iterator[UserReply]:
+        """Stream the reply to a conversation (a list of messages) or to plain text (a str)."""
         uid = next(self._uids)
-        self.to_tokenizer.put(TokenizeMsg(uid, messages, True, params, max_tokens_from_context))
+        self.to_tokenizer.put(TokenizeMsg(uid, prompt, not isinstance(prompt, str), params, max_tokens_from_context))
         finished = False
         try:
             while not finished:
@@ -55,6 +57,9 @@ def run_shell(args: ServerArgs, temperature: float = 0.0) -> None:
     with Backend(args, report=lambda what: say(f"waiting for {what}")) as backend:
         client = ShellClient(backend)
         print(f"minisgl shell: {args.model_name} on {backend.info['device']}. {HELP}", flush=True)
+        chat = backend.info["chat_template"]
+        if not chat:  # nothing to render a conversation with: complete each line as it stands
+            print("(the tokenizer has no chat template: each line is completed as plain text, on its own)", flush=True)
         history: List[Dict[str, str]] = []
         while True:
             try:
@@ -77,7 +82,7 @@ def run_shell(args: ServerArgs, temperature: float = 0.0) -> None:
             history.append({"role": "user", "content": line})
             pieces: List[str] = []
             try:
-                for reply in client.chat(history, params, limit is None):
+                for reply in client.ask(history if chat else line, params, limit is None):
                     pieces.append(reply.text)
                     sys.stdout.write(reply.text)
                     sys.stdout.flush()
