@@ -203,6 +203,9 @@ def test_a_chat_without_a_chat_template_is_refused_with_what_to_do_instead():
     with pytest.raises(InvalidRequestError, match="no chat template.*plain prompt"):
         manager.encode([{"role": "user", "content": "hi"}], chat=True)
     assert manager.encode("<7><42>", chat=False) == [7, 42]  # a plain prompt still goes through
+    for text in ["hello", "<7> <42>", "<7>x"]:  # text the stand-in cannot read is refused, not read as <0>
+        with pytest.raises(InvalidRequestError, match="token ids written as '<5><17>'"):
+            manager.encode(text, chat=False)
 
 
 def test_the_placeholder_tokenizer_reads_token_i_as_angle_i():

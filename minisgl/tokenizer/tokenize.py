@@ -17,7 +17,8 @@ import json
 from typing import Any, Dict, List, Optional, Union
 
 from minisgl.core import InvalidRequestError
-from minisgl.utils.tokenizer import NO_CHAT_TEMPLATE, has_chat_template, template_source
+from minisgl.utils.tokenizer import (NO_CHAT_TEMPLATE, PLACEHOLDER_TEXT, has_chat_template, is_placeholder,
+                                    template_source)
 
 Prompt = Union[str, List[int], List[Dict[str, Any]], Dict[str, Any]]  # the dict: {"messages", "tools"}
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -93,6 +94,9 @@ class TokenizeManager:
             # what apply_chat_template(tokenize=True) does: the template writes the special tokens
             return [int(t) for t in self.tokenizer.encode(self.render_chat(messages, tools), add_special_tokens=False)]
         if isinstance(prompt, str):
+            if is_placeholder(self.tokenizer) and not PLACEHOLDER_TEXT.fullmatch(prompt):
+                raise InvalidRequestError("prompt: this model has no tokenizer (random weights), so a text prompt must "
+                                          "be token ids written as '<5><17>'; or send a list of token ids")
             # no BOS added: the same choice as LLM.encode; fall back for tokenizers that need one
             return self.tokenizer.encode(prompt, add_special_tokens=False) or self.tokenizer.encode(prompt)
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]

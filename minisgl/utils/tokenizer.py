@@ -10,6 +10,7 @@ render a chat, and the stand-in that random weights get when their folder has no
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, Tuple
 
@@ -56,6 +57,10 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(template_source(tokenizer))
 
 
+PLACEHOLDER = "placeholder: token i reads <i>"  # the stand-in's name_or_path
+PLACEHOLDER_TEXT = re.compile(r"(?:<\d+>)+")  # all the stand-in can encode; any other text would become <0>
+
+
 def placeholder_tokenizer(vocab_size: int) -> Any:
     """A tokenizer whose token i reads "<i>" (and "<i>" encodes to i): readable text for random
     weights whose vocabulary no tokenizer at hand covers."""
@@ -65,4 +70,8 @@ def placeholder_tokenizer(vocab_size: int) -> Any:
     tok = Tokenizer(models.WordLevel(vocab={f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<\d+>"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<0>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<0>", name_or_path=PLACEHOLDER)
+
+
+def is_placeholder(tokenizer: Any) -> bool:
+    return getattr(tokenizer, "name_or_path", None) == PLACEHOLDER
