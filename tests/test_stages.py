@@ -7,6 +7,7 @@ tensors against torch), so a stage that imports but computes wrongly fails here 
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,28 @@ def test_build_is_stable():
     first = (stages.build(3) / ".stamp").read_text()
     again = stages._fingerprint(stages._stage_contents(3, stages.load_manifest()))
     assert first == again
+
+
+def _build_and_read(folder: str, n: int) -> None:
+    stages.STAGES = Path(folder)
+    for _ in range(3):
+        root = stages.build(n)
+        files = [f for f in (root / "minisgl").rglob("*.py")]
+        assert files and all(f.read_text() is not None for f in files)  # nothing vanishes under a reader
+
+
+def test_stages_built_by_several_processes_at_once_stay_whole(tmp_path: Path):
+    """Test workers and notebooks ask for the same stage at the same moment in a fresh checkout."""
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_build_and_read, args=(str(tmp_path), 7)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    built = {str(f.relative_to(tmp_path / "ch07")) for f in (tmp_path / "ch07").rglob("*") if f.is_file()}
+    expected = set(stages._stage_contents(7, stages.load_manifest())) | {".stamp"}
+    assert built == expected and not list(tmp_path.glob(".tmp-*"))
 
 
 def test_rewrite_init_drops_missing_imports_and_trims_all():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fcntl
 import hashlib
 import os
 import shutil
@@ -232,7 +233,9 @@ def _fingerprint(contents: Dict[str, str]) -> str:
 
 
 def build(n: int, manifest: Optional[Manifest] = None) -> Path:
-    """Build stage n if stale; return the folder to put on sys.path (it holds `minisgl/`)."""
+    """Build stage n if stale; return the folder to put on sys.path (it holds `minisgl/`). Several
+    processes may ask at once (test workers, notebooks): one builds while the others wait, so no one
+    removes a stage another is importing from."""
     manifest = manifest or load_manifest()
     contents = _stage_contents(n, manifest)
     target = stage_dir(n)
@@ -240,24 +243,23 @@ def build(n: int, manifest: Optional[Manifest] = None) -> Path:
     digest = _fingerprint(contents)
     if stamp.is_file() and stamp.read_text() == digest and (target / PACKAGE).is_dir():
         return target
-    tmp = STAGES / f".tmp-ch{n:02d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for path, text in contents.items():
-        dest = tmp / path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
-    # code that finds the repo root from its own file (models/, ...) sees the same tree
-    for name in ("models",):
-        (tmp / name).symlink_to(Path("..") / ".." / name)
-    (tmp / ".stamp").write_text(digest)
-    shutil.rmtree(target, ignore_errors=True)
-    try:
-        tmp.rename(target)
-    except OSError:
-        # another process built the same stage at the same moment: keep theirs if it is current
+    STAGES.mkdir(parents=True, exist_ok=True)
+    with open(STAGES / f".lock-ch{n:02d}", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if stamp.is_file() and stamp.read_text() == digest and (target / PACKAGE).is_dir():
+            return target  # built by whoever held the lock before us
+        tmp = STAGES / f".tmp-ch{n:02d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (stamp.is_file() and stamp.read_text() == digest):
-            raise
+        for path, text in contents.items():
+            dest = tmp / path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text)
+        # code that finds the repo root from its own file (models/, ...) sees the same tree
+        for name in ("models",):
+            (tmp / name).symlink_to(Path("..") / ".." / name)
+        (tmp / ".stamp").write_text(digest)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
     return target
 
 
