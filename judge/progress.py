@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Iterator, Optional
 
 from . import registry
+from .files import write_whole
 from .result import GradeResult
 
 
@@ -108,10 +107,8 @@ def record(result: GradeResult, when: Optional[str] = None) -> Progress:
         old = state.get(result.exercise)
         best = now if old is None or now.rank() >= old.best.rank() else old.best
         state[result.exercise] = Progress(best=best, latest=now)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".results.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({k: asdict(v) for k, v in state.items()}, indent=1, sort_keys=True))
-        os.replace(tmp, target)  # a grading killed mid-write never leaves half a record
+        # a grading killed mid-write never leaves half a record
+        write_whole(target, json.dumps({k: asdict(v) for k, v in state.items()}, indent=1, sort_keys=True))
     return state[result.exercise]
 
 

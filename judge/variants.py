@@ -21,14 +21,13 @@ which is what happens when the engine's code changes under an edit.
 from __future__ import annotations
 
 import ast
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .api import Exercise, Replace
 from .declaration import read_toml
+from .files import write_whole
 from .registry import REPO_ROOT, STATE_DIR, folder
 
 GENERATED_DIR = STATE_DIR / "generated"  # where check writes the files its workers load
@@ -244,21 +243,12 @@ def materialise(ex: Exercise, out_dir: Optional[Path] = None) -> Dict[str, Path]
     (out_dir / "wrong").mkdir(parents=True, exist_ok=True)
     files = {key: out_dir / key for key in texts}
     for key, text in texts.items():
-        _replace_whole(files[key], text)
+        if not (files[key].exists() and files[key].read_text() == text):
+            write_whole(files[key], text)
     for stale in (out_dir / "wrong").glob("*.py"):  # a variant renamed or removed since the last run
         if f"wrong/{stale.name}" not in texts:
             stale.unlink(missing_ok=True)
     return files
-
-
-def _replace_whole(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the new one, never half of one."""
-    if path.exists() and path.read_text() == text:
-        return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def solution_file(exercise_id: str) -> Path:

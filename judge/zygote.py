@@ -21,6 +21,7 @@ import sys
 import traceback
 
 from judge import procs
+from judge.files import write_whole  # the runner never sees half a line
 
 
 def _preload() -> None:
@@ -44,13 +45,6 @@ def _load_cases(exercise_id: str, cases_dir) -> None:
         registry.load(exercise_id, cases_dir)
     except Exception:  # a broken cases.py is reported by the worker that needs it
         pass
-
-
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)  # the runner never sees half a line
 
 
 def _run_worker(req: dict, fresh: bool) -> None:
@@ -89,7 +83,7 @@ def _keep(req: dict, fresh: bool) -> None:
     if pid == 0:
         _run_worker(req, fresh)
     me = procs.read(pid)
-    _write(req["pid"], f"{os.getpid()} {pid} {me.start if me else 0}\n")
+    write_whole(req["pid"], f"{os.getpid()} {pid} {me.start if me else 0}\n")
     while True:
         try:
             done, status = os.waitpid(-1, 0)
@@ -100,7 +94,7 @@ def _keep(req: dict, fresh: bool) -> None:
             break
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     procs.kill_tree({c: None for c in procs.descendants([os.getpid()], procs.table()) if c != os.getpid()})
-    _write(req["pid"], f"{os.getpid()} {pid} {me.start if me else 0}\n{code}\n")
+    write_whole(req["pid"], f"{os.getpid()} {pid} {me.start if me else 0}\n{code}\n")
     os._exit(0)
 
 
