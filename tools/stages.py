@@ -241,12 +241,15 @@ def build(n: int, manifest: Optional[Manifest] = None) -> Path:
     target = stage_dir(n)
     stamp = target / ".stamp"
     digest = _fingerprint(contents)
-    if stamp.is_file() and stamp.read_text() == digest and (target / PACKAGE).is_dir():
+    def current() -> bool:
+        return stamp.is_file() and stamp.read_text() == digest and (target / PACKAGE).is_dir()
+
+    if current():
         return target
     STAGES.mkdir(parents=True, exist_ok=True)
     with open(STAGES / f".lock-ch{n:02d}", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if stamp.is_file() and stamp.read_text() == digest and (target / PACKAGE).is_dir():
+        if current():
             return target  # built by whoever held the lock before us
         tmp = STAGES / f".tmp-ch{n:02d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
