@@ -1,5 +1,5 @@
 """FlashInfer for prefill, the engine's own Triton kernel for decode, and the steps around
-attention fused into fewer launches (CUDA only; chapter 19).
+attention fused into fewer launches (CUDA only).
 
 This backend runs the same computation as the base interface's plain sequence (qk-norm, RoPE,
 store k and v, attend); only the number of kernels differs:

@@ -137,7 +137,7 @@ class Engine:
         print("minisgl: compiling GPU kernels and capturing CUDA graphs (up to a minute or two on a fresh machine)",
               file=sys.stderr, flush=True)
         if self.wants_cuda_graph():
-            from .graph import GraphRunner  # here: graph.py arrives with chapter 18 (wants_cuda_graph)
+            from .graph import GraphRunner  # imported here: an optional module (wants_cuda_graph)
 
             self.graph_runner = GraphRunner(self, self.config.cuda_graph_max_bs)
         warm_up(self)
@@ -188,8 +188,8 @@ class Engine:
 
     def wants_cuda_graph(self) -> bool:
         """Capture decode steps as CUDA graphs: on CUDA, unless switched off, with a backend that
-        supports capture, and only in a package that holds the graph runner (chapter 18 adds it;
-        the package as of an earlier chapter runs every step eagerly)."""
+        supports capture, and only in a package that holds the graph runner (without it every step
+        runs eagerly)."""
         return (
             self.device.type == "cuda"
             and self.config.use_cuda_graph  # off by default under MINISGL_DISABLE_CUDA_GRAPH=1
