@@ -167,6 +167,16 @@ class LearnerCopies:
         return await super().save(model, path)
 
 
+_WORDS = {"shipped": "shipped (no copy of yours)", "yours": "your copy",
+          "outdated": "your copy; the chapter changed since (`make fresh N={n}` for the new one)",
+          "stale": "your copy holds only outputs of an older version: the lab opens the new one"}
+
+
+def describe(name: str, root: Path = REPO) -> str:
+    """A chapter's line in the listing: whose copy the lab opens, and what to run if it is outdated."""
+    return _WORDS[state(name, root)].format(n=chapter_number(name))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Your copies of the chapters (work/chapters/).")
     sub = parser.add_subparsers(dest="command")
@@ -184,11 +194,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{wanted[0]}: your copy is now {dest.relative_to(REPO)}; the lab opens the shipped chapter"
               if dest else f"{wanted[0]}: you have no copy; the lab already opens the shipped chapter")
         return 0
-    words = {"shipped": "shipped (no copy of yours)", "yours": "your copy",
-             "outdated": "your copy; the chapter changed since (`make fresh N={n}` for the new one)",
-             "stale": "your copy holds only outputs of an older version: the lab opens the new one"}
     for name in names:
-        print(f"{name:32} {words[state(name)].format(n=chapter_number(name))}")
+        print(f"{name:32} {describe(name)}")
     return 0
 
 
