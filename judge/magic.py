@@ -1,7 +1,8 @@
 """`%%judge <id>`: grade the code of a notebook cell as the learner's file for exercise <id>.
 
-`book.setup_chapter(n)` registers it in every chapter, so a chapter's `%%judge` cell needs no
-import; elsewhere `import judge` or `%load_ext judge` does the same.
+In the lab every kernel registers it as it starts (.jupyter/kernel_startup.py), so an exercise
+cell works even in a freshly restarted kernel; `book.setup_chapter(n)` registers it too, for a
+chapter run elsewhere (nbclient, VS Code); anywhere else `import judge` or `%load_ext judge` does.
 """
 
 from __future__ import annotations
