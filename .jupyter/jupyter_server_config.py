@@ -13,6 +13,7 @@
 - opening a chapter and saving it unrun leave it byte for byte as it was (see
   WorkbookContentsManager), and a chapter you run or edit is saved to your copy in
   work/chapters/ (tools/learner_copies.py), so a reader's git tree stays clean;
+- a link whose text is code looks like a link (custom/custom.css);
 - no first-run questions (the news pop-up is switched off in labconfig/page_config.json).
 
 Your own ~/.jupyter configuration still applies and wins where both set something.
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 from jupyter_client.kernelspec import NoSuchKernel
+from jupyter_core.paths import jupyter_config_dir
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 
@@ -51,6 +53,10 @@ c.ServerApp.root_dir = str(REPO)
 c.LabApp.default_url = "/lab/tree/chapters/index.ipynb"
 c.LabApp.news_url = None
 c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
+# custom/custom.css beside this file: small fixes to how chapters render (links whose text is code)
+c.LabApp.custom_css = True
+c.ServerApp.tornado_settings = {"static_custom_path": [os.path.join(jupyter_config_dir(), "custom"),
+                                                       str(Path(__file__).resolve().parent / "custom")]}
 
 # Kernels and terminals inherit the server's environment.
 if os.environ.get("PATH", "").split(os.pathsep)[0] != BIN:

@@ -274,3 +274,10 @@ def test_kernels_of_closed_notebooks_do_not_stay(lab):
     log = LOGS[lab].read_text()
     assert re.search(r"Culling kernels with idle durations > \d+ seconds", log), log[-3000:]
     assert "even with connected clients" not in log and "even if busy" not in log
+
+
+def test_the_workbook_stylesheet_is_loaded(lab):
+    """custom/custom.css: a link whose text is code takes the theme's link colour."""
+    assert 'custom/custom.css"' in _get(lab, "/lab").text
+    css = _get(lab, "/custom/custom.css")
+    assert css.status_code == 200 and "a code" in css.text and "var(--jp-content-link-color)" in css.text
