@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+import zmq
 from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_core.paths import jupyter_config_dir
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
@@ -143,15 +144,10 @@ c.MappingKernelManager.cull_connected = False
 c.MappingKernelManager.cull_busy = False
 
 
-def _curve_available() -> bool:
-    import zmq
-
-    return bool(zmq.has("curve"))
-
-
 # The server hands each kernel CurveZMQ keys when its kernel spec supports them (ipykernel does):
-# its sockets are encrypted, and it no longer warns at start that they are not.
-if _curve_available():
+# its sockets are encrypted, and it no longer warns at start that they are not. (A libzmq built
+# without CURVE would refuse the setting.)
+if zmq.has("curve"):
     c.MappingKernelManager.transport_encryption = "auto"
 
 
