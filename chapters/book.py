@@ -154,6 +154,11 @@ class Source:
             f"&mdash; {html.escape(self.caption)}</div></div>"
         )
 
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        data = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        meta = {"minisgl_show": {"target": self.target, "chapter": self.chapter}}
+        return data, meta
+
 
 # JupyterLab's editor colours for pygments' token kinds, beyond those jupyterlab_pygments sets
 _LAB_EXTRA_COLOURS = {"Name.Function": "def", "Name.Class": "def", "Name.Builtin": "builtin",
@@ -185,11 +190,6 @@ def _listing_style():
 
     return type("LabListingStyle", (Style,), {"styles": {t: with_fallback(t, v) for t, v in styles.items()},
                                               "background_color": None})
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        data = {"text/plain": repr(self), "text/html": self._repr_html_()}
-        meta = {"minisgl_show": {"target": self.target, "chapter": self.chapter}}
-        return data, meta
 
 
 def _members(body: list) -> list:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import List, Optional
 
 

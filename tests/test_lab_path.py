@@ -229,3 +229,15 @@ def test_a_grading_explains_points_and_links_the_hints() -> None:
     assert "<code>python judge.py hint req-lengths 2</code>" in page and "`" not in page  # no literal backticks
     link = re.search(r"<a href='([^']+)'>exercises/req-lengths/hints.md</a>", page)
     assert link and (Path.cwd() / link.group(1)).resolve() == REPO / "exercises" / "req-lengths" / "hints.md"
+
+
+def test_listings_take_the_themes_colours_and_their_caption_sits_below(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dark theme must not get light-theme colours (dark blue and grey on black): the listing's
+    colours are JupyterLab's CSS variables, each with a fallback for other viewers."""
+    monkeypatch.syspath_prepend(str(REPO / "chapters"))
+    import book
+
+    page = book.source("minisgl.core:Req.complete_one", 1)._repr_mimebundle_()[0]["text/html"]
+    colours = re.findall(r"color: ?([^;\"]+)", page)
+    assert colours and all(c.startswith("var(--jp-") for c in colours), colours  # nothing fixed to one theme
+    assert "var(--jp-mirror-editor-keyword-color,#" in page and "margin-top:-" not in page
