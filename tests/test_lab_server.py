@@ -60,8 +60,13 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, root):
-    home = tmp_path_factory.mktemp("home")
+def home(tmp_path_factory) -> Path:
+    """The learner's fresh home directory; the lab's log is lab.log there."""
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def lab(home, root):
     # a ~/.bashrc that puts another `python` first, as conda's does, must not win in a terminal
     decoy = home / "decoy-bin"
     decoy.mkdir()
@@ -79,7 +84,6 @@ def lab(tmp_path_factory, root):
         cmd.append("--allow-root")
     proc = subprocess.Popen(cmd, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    LOGS[url] = home / "lab.log"
     deadline = time.monotonic() + 120
     try:
         while True:
@@ -103,9 +107,6 @@ def lab(tmp_path_factory, root):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
-
-
-LOGS: dict = {}  # the lab's log file, by its URL
 
 
 def _get(url: str, path: str) -> httpx.Response:
@@ -242,7 +243,7 @@ async def _execute(url: str, kernel_id: str, code: str) -> str:
     return "".join(out)
 
 
-def test_judge_works_in_a_fresh_and_a_restarted_kernel(lab):
+def test_judge_works_in_a_fresh_and_a_restarted_kernel(lab, home):
     """A learner who restarts the kernel and runs only the exercise cell gets the judge, not
     "Cell magic `%%judge` not found"; kernels start without the unencrypted-TCP warning."""
     starter = (REPO / "exercises" / "req-lengths" / "starter.py").read_text()
@@ -259,19 +260,19 @@ def test_judge_works_in_a_fresh_and_a_restarted_kernel(lab):
         assert "UsageError" in asyncio.run(_execute(lab, kernel, "%%judge\npass"))  # and its usage message
     finally:
         httpx.delete(f"{lab}/api/kernels/{kernel}", params=params, timeout=60)
-    log = LOGS[lab].read_text()
+    log = (home / "lab.log").read_text()
     assert "Kernel started" in log and "without encryption" not in log, log[-3000:]
 
 
-def test_kernels_of_closed_notebooks_do_not_stay(lab):
+def test_kernels_of_closed_notebooks_do_not_stay(lab, home):
     """Closing a notebook shuts its kernel down, and a kernel no tab is connected to is culled
     once idle (the server starts its culler with the first kernel)."""
     tracker = _get(lab, "/lab/api/settings/@jupyterlab/notebook-extension:tracker").json()
     assert tracker["schema"]["properties"]["kernelShutdown"]["default"] is True
-    if "Culling kernels" not in LOGS[lab].read_text():  # no kernel started yet (this test run alone)
+    if "Culling kernels" not in (home / "lab.log").read_text():  # no kernel started yet (this test run alone)
         kernel = httpx.post(f"{lab}/api/kernels", params={"token": TOKEN}, json={"name": "python3"}, timeout=60).json()["id"]
         httpx.delete(f"{lab}/api/kernels/{kernel}", params={"token": TOKEN}, timeout=60)
-    log = LOGS[lab].read_text()
+    log = (home / "lab.log").read_text()
     assert re.search(r"Culling kernels with idle durations > \d+ seconds", log), log[-3000:]
     assert "even with connected clients" not in log and "even if busy" not in log
 
