@@ -5,6 +5,7 @@
     python tools/chapter_memory.py 07 10        # only these chapters
     python tools/chapter_memory.py --runs 2     # Run All twice in the same kernel, as a learner might
     python tools/chapter_memory.py 05 --cells 3 # and the three cells that raised its memory most
+                                                # (always named for a chapter over the limit)
 
 One line a chapter: the kernel's peak resident set (VmHWM, read from /proc when the last cell has
 run) and the peak of the kernel together with every process it started (servers, tensor-parallel
@@ -138,7 +139,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--limit-gb", type=float, default=1.5, help="a kernel's allowed peak, in GiB (default 1.5)")
     ap.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
     ap.add_argument("--cells", type=int, default=0, metavar="N",
-                    help="also name each chapter's N cells that raised its kernel's peak most (default 0: none)")
+                    help="also name each chapter's N cells that raised its kernel's peak most (default: 3 for a "
+                         "chapter over the limit, none for the others)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
@@ -156,7 +158,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         run1 = f"  {r['per_run'][0] / GIB:7.2f} GiB" if args.runs > 1 and r["per_run"] else " " * len(first)
         print(f"{r['name']:<{width}}{run1}  {r['kernel'] / GIB:8.2f} GiB  {r['tree'] / GIB:12.2f} GiB"
               f"  {r['seconds']:7.0f}{flag}{'  ' + r['error'] if r['error'] else ''}", flush=True)
-        for c in biggest(r["cells"], args.cells):
+        for c in biggest(r["cells"], max(args.cells, 3) if big else args.cells):  # over the limit: say where
             print(f"    cell {c.index:3d}: peak +{c.peak / GIB:.2f} GiB, holds +{c.held / GIB:.2f} GiB  {c.first_line}", flush=True)
     print(f"{len(notebooks)} chapters, {args.runs} run(s) each: {over} over {args.limit_gb:g} GiB, {failed} failed")
     return 1 if over or failed else 0
