@@ -84,10 +84,17 @@ class KernelParallelLMHead(ParallelLMHead):
         return all_gather_last_dim(cpu_linear(x, weight))[..., : self.vocab_size]
 
 
-# every layer class the pass replaces, with its replacement
-KERNEL_LAYERS = {
+# the layer classes the pass replaces on a GPU, with their replacements (the LM head keeps cuBLAS)
+GPU_LAYERS = {
     RMSNorm: KernelRMSNorm,
     RotaryEmbedding: KernelRotaryEmbedding,
+    LinearReplicated: KernelLinearReplicated,
+    LinearQKVMerged: KernelLinearQKVMerged,
+    LinearColParallelMerged: KernelLinearColParallelMerged,
+    LinearRowParallel: KernelLinearRowParallel,
+}
+# ... and on the CPU, where only the products change library
+CPU_LAYERS = {
     LinearReplicated: KernelLinearReplicated,
     LinearQKVMerged: KernelLinearQKVMerged,
     LinearColParallelMerged: KernelLinearColParallelMerged,

@@ -1,7 +1,7 @@
 """The pass that puts the kernels into a loaded model: the model and layer code stay plain PyTorch.
 
 After the weights are loaded, the engine runs `swap_in_kernels` once over the model. On a GPU, each
-layer that a kernel serves becomes its kernel-backed class (`KERNEL_LAYERS`, the same object with
+layer that a kernel serves becomes its kernel-backed class (`GPU_LAYERS`, the same object with
 its weights, another forward). On the CPU in float32, each projection's weight is converted to
 oneDNN's blocked layout and the plain copy dropped (`cpu_gemm`), and the projections and the LM head
 multiply through oneDNN. `MINISGL_DISABLE_KERNELS=1` leaves a GPU model plain; `MINISGL_DISABLE_ONEDNN=1`
@@ -21,7 +21,7 @@ from minisgl.layers.linear import _Linear
 from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
 from . import cpu_gemm
-from .layers import KERNEL_LAYERS
+from .layers import CPU_LAYERS, GPU_LAYERS
 from .util import kernels_enabled
 
 
@@ -51,17 +51,16 @@ def _where(op: BaseOP) -> torch.Tensor:
 
 def _kernel_class(op: BaseOP) -> Optional[type]:
     """The class `op` becomes, or None to leave it as it is; packs a CPU projection's weight on the way."""
-    cls = KERNEL_LAYERS.get(type(op))
-    if cls is None:
-        return None
-    where = _where(op)
-    if where.is_cuda:
-        return cls if kernels_enabled() else None
+    if type(op) not in GPU_LAYERS and type(op) not in CPU_LAYERS:
+        return None  # not a layer a kernel serves, or one the pass already swapped
+    if _where(op).is_cuda:
+        return GPU_LAYERS.get(type(op)) if kernels_enabled() else None
+    cls = CPU_LAYERS.get(type(op))
     if isinstance(op, _Linear) and cpu_gemm.packable(op.weight):
         op.weight = cpu_gemm.pack(op.weight)  # the plain copy goes when nothing else holds it
     if isinstance(op, _Linear) and op.weight.is_mkldnn:  # packed now or by an earlier pass (shared weights)
         return cls
-    return cls if isinstance(op, ParallelLMHead) and cpu_gemm.packable(where) else None
+    return cls if isinstance(op, ParallelLMHead) and cpu_gemm.packable(_where(op)) else None
 
 
 def swap_in_kernels(model: BaseOP) -> Dict[str, int]:
