@@ -393,6 +393,25 @@ def triton_moe_against_torch(x, w13, w2, topk_weights, topk_ids) -> str:
     return "running on cuda: Triton fused_moe against the loop over experts: " + ", ".join(parts)
 
 
+def interpreted(code: str, timeout: int = 300) -> str:
+    """What `code` prints when a fresh Python runs it under Triton's interpreter (`TRITON_INTERPRET=1`,
+    set before Triton loads, so the kernels run on CPU tensors) with this notebook's `minisgl`; without
+    Triton, says why it did not run."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import minisgl
+    from minisgl.env import child_environment
+
+    if importlib.util.find_spec("triton") is None:
+        return "not run here: Triton is not installed"
+    env = {**child_environment(Path(minisgl.__file__).resolve().parents[1]), "TRITON_INTERPRET": "1"}
+    env.pop("MINISGL_DISABLE_KERNELS", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    return run.stdout.strip() if run.returncode == 0 else "failed: " + run.stderr.strip()[-800:]
+
+
 def kernels_against_layers(tokens: int = 37) -> str:
     """On CUDA with Triton: every kernel of `minisgl.kernel` against the plain PyTorch it replaces (a
     layer's forward, or the plain store and page list) on the same random CUDA inputs, in bfloat16 with
