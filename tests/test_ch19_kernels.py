@@ -23,7 +23,7 @@ from minisgl.attention.triton_decode_backend import THRESHOLDS, DecodeThresholds
 from minisgl.kernel.decode import LARGE_TILE, SMALL_TILE
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.layers.activation import silu_and_mul
-from minisgl.layers.linear import LinearColParallelMerged
+from minisgl.layers.linear import LinearColParallelMerged, LinearRowParallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
@@ -518,8 +518,6 @@ def _kernel_layer_checks(device: str, dtype, tol: float, rows=(1, 5)) -> None:
     fast_norm.weight.copy_(norm.weight)
     rope, fast_rope = (cls(32, 256, 1e6, None, dev) for cls in (RotaryEmbedding, KernelRotaryEmbedding))
     gate_up, fast_gate_up = (cls(64, [48, 48], dtype=dtype, device=dev) for cls in (LinearColParallelMerged, KernelLinearColParallelMerged))
-    from minisgl.layers.linear import LinearRowParallel
-
     down, fast_down = (cls(48, 64, dtype=dtype, device=dev) for cls in (LinearRowParallel, KernelLinearRowParallel))
     gate_up.weight.copy_(torch.randn(96, 64) / 8)
     fast_gate_up.weight.copy_(gate_up.weight)
