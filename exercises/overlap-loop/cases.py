@@ -11,11 +11,34 @@ from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
 
 
+def make_scheduler(config):
+    """The engine's complete scheduler (every extension over chapter 7's `Scheduler`: chunked
+    prefill, overlap, grammars, log-probabilities), keeping each request's tokens and finish reason
+    as `harness.make_scheduler`'s does."""
+    from minisgl.scheduler import scheduler_bases
+
+    class Recording(*scheduler_bases()):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.outputs = {}
+
+        def on_token(self, req, token, finish_reason):
+            out = self.outputs.setdefault(req.uid, harness.Finished())
+            if token is not None:
+                out.tokens.append(int(token))
+            out.finish_reason = finish_reason
+
+        def on_finish_unstarted(self, uid, reason):
+            self.outputs.setdefault(uid, harness.Finished()).finish_reason = reason
+
+    return Recording(config)
+
+
 def _run(obs: Obs, prompts, params, *, overlap: bool, aborts=None, max_running: int = 8, budget: int = 8192) -> None:
     """Drive the loop; record every on_token call (step, request, token, finish reason), the
     log-probabilities of the requests that ask for them, and the trace."""
     cfg = harness.scheduler_config(overlap=overlap, max_running_reqs=max_running, max_extend_tokens=budget)
-    sched = harness.make_scheduler(cfg)
+    sched = make_scheduler(cfg)
     events, reqs = [], {}
     plain = type(sched).on_token
 
@@ -60,7 +83,7 @@ def overlap_two(obs: Obs) -> None:
 
 @case("a stop token ends a request early while the next batch is already launched", hint=3)
 def stop_token(obs: Obs) -> None:
-    probe = harness.make_scheduler(harness.scheduler_config(overlap=False))
+    probe = make_scheduler(harness.scheduler_config(overlap=False))
     probe.add_request([11, 12, 13], SamplingParams(max_tokens=6, ignore_eos=True))
     harness.run_until_idle(probe)
     stop = probe.outputs[0].tokens[2]  # the third token this prompt produces
