@@ -242,7 +242,7 @@ def test_the_exercise_model_free_schedule_is_the_schedulers(policy):
     replayed = [(m.group(1), value if m.group(1) == "prefill" else sorted(value)) for m, value in steps if m]
 
     cfg = replace(harness.scheduler_config(page_size=4, num_pages=12, max_running_reqs=2, max_extend_tokens=20), schedule_policy=policy)
-    sched = harness.make_scheduler(cfg)
+    sched = cases.make_scheduler(cfg)  # the complete scheduler: chunked prefill's decode turn is part of the replay
     uids = [sched.add_request(p, SamplingParams(max_tokens=m, ignore_eos=True)) for p, m in zip(prompts, max_tokens)]
     harness.run_until_idle(sched, 100)
     sched.assert_all_free()
