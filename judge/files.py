@@ -1,4 +1,4 @@
-"""Writing a file that other processes may be reading at the same moment."""
+"""Writing files where another process may be reading, or may have planted a name."""
 
 from __future__ import annotations
 
@@ -16,3 +16,11 @@ def write_whole(path: Union[str, Path], text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def create_new(path: Union[str, Path], text: str = "") -> None:
+    """Create `path`, which must not exist yet, with `text`, readable by its owner only. Never
+    follows a link: a name someone planted makes this fail instead of writing elsewhere."""
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

@@ -121,15 +121,27 @@ def decide(event: Optional[Dict[str, Any]], expected: Optional[List[Dict[str, An
     return (Status.PASS if diff is None else Status.FAIL), diff
 
 
+POINT_DIGITS = 6  # points are reported to a millionth; the shares of a case add up to its weight exactly at that precision
+
+
+def point_shares(weight: float, n: int) -> List[float]:
+    """`weight` shared by `n` runs (a seeded case's seeds), rounded so that the shares add up to
+    `weight` itself: the last share takes what rounding the others left over."""
+    if n <= 0:
+        return []
+    share = round(weight / n, POINT_DIGITS)
+    return [share] * (n - 1) + [round(weight - share * (n - 1), POINT_DIGITS)]
+
+
 def verdicts(ex: Exercise, jobs: List[CaseJob], expected: Expected, got: WorkerReport) -> List[CaseResult]:
     by_key = {c.key: c for c in ex.cases}
-    runs = {k: sum(j.key == k for j in jobs) for k in by_key}
+    shares = {k: point_shares(ex.weight_of(c), sum(j.key == k for j in jobs)) for k, c in by_key.items()}
     out: List[CaseResult] = []
     for i, job in enumerate(jobs):
         case = by_key[job.key]
         name = case.name + (f" (seed {job.seed})" if job.seed is not None else "")
         base = dict(name=name, kind=case.kind, hint=case.hint, seed=job.seed, key=case.key, hidden=case.hidden,
-                    weight=ex.weight_of(case) / max(runs[job.key], 1))  # a seeded case's points, shared by its seeds
+                    weight=shares[job.key].pop(0) if shares[job.key] else 0.0)  # a seeded case's points, shared by its seeds
         if got.fatal is not None:
             status = Status(got.fatal["status"]) if i == 0 else Status.NOT_RUN
             msg = got.fatal["error"] if i == 0 else "not run: your file could not be graded (see the first case)"

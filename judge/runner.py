@@ -15,17 +15,17 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from . import procs, registry
+from . import procs, registry, scratch
 from .compare import well_formed
+from .files import create_new
 from .registry import REPO_ROOT, full_engine
-from .result import Status
+from .result import TEXT_LIMIT, Status, clip
 
 STARTUP_S = 120.0  # a fresh interpreter: importing torch, the cases and the learner's file, before the first case
 LOAD_S = 30.0  # a forked worker (torch and the engine already imported): loading the learner's file
@@ -176,9 +176,11 @@ class Zygote:
             servers = {p.pid for p in cls._procs.values()}
             parents = servers | {os.getpid()}  # a dead server's orphans were adopted by the judge
             running = {k for k, start in cls._running.items() if k in tab and (start is None or tab[k].start == start)}
-            # marked: ours for certain, even where a dead server's pid was reused by another process
+            # a live server's children are its keepers, so any other is a stray, marked or not (its
+            # environment may be emptied by an exec); the judge's own children are ours only if marked
             return {p.pid for p in tab.values()
-                    if p.ppid in parents and p.pid not in servers and p.pid not in running and procs.marked(p.pid)}
+                    if p.pid not in servers and p.pid not in running
+                    and ((p.ppid in servers and p.ppid != os.getpid()) or (p.ppid in parents and procs.marked(p.pid)))}
 
     @classmethod
     def _close_input(cls, fresh: bool) -> Optional[subprocess.Popen]:
@@ -264,20 +266,21 @@ def run_cases(
     remaining = list(cases)
     limit = int(memory_limit_gb * (1 << 30))
     fresh = use_cuda or not USE_ZYGOTE
-    with tempfile.TemporaryDirectory(prefix="judge-") as tmp:
+    with scratch.run_folders() as run:  # control files out of the graded code's reach; its TMPDIR beside them
+        tmp = run.control
         attempt = 0
         while remaining:
             attempt += 1
             out_path = Path(tmp) / f"events-{attempt}.jsonl"
             err_path = Path(tmp) / f"stderr-{attempt}.txt"
             job_path = Path(tmp) / f"job-{attempt}.json"
-            job_path.write_text(json.dumps({
+            create_new(job_path, json.dumps({
                 "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
                 "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
-                "cases_dir": str(cases_dir) if cases_dir else None,
+                "cases_dir": str(cases_dir) if cases_dir else None, "scratch": str(run.scratch), "private": str(scratch.base()),
                 "no_access": [str(registry.STATE_DIR), *(sandbox or {}).get("no_access", [])],  # the learner's record, wherever it is
             }))
-            out_path.touch()
+            create_new(out_path)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
@@ -349,8 +352,8 @@ def _case_event(raw: Dict[str, Any]) -> Dict[str, Any]:
     recorded, every field checked; a status only where the case failed in the worker."""
     obs = raw.get("obs")
     seconds = raw.get("seconds")
-    event = {"completed": raw.get("outcome") == "returned", "status": None, "error": str(raw.get("error") or ""),
-             "obs": obs, "printed": str(raw.get("printed") or ""),
+    event = {"completed": raw.get("outcome") == "returned", "status": None, "error": clip(str(raw.get("error") or ""), TEXT_LIMIT),
+             "obs": obs, "printed": clip(str(raw.get("printed") or ""), TEXT_LIMIT),
              "seconds": float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0.0}
     if not well_formed(obs):
         event.update(completed=False, obs=[], status=Status.ERROR,
@@ -387,7 +390,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             except (ValueError, KeyError, AttributeError):
                 continue  # not the worker's: something else wrote to the file
             if kind == "fatal":
-                report.fatal = {"status": failure_status(event.get("kind")), "error": str(event.get("error") or "")}
+                report.fatal = {"status": failure_status(event.get("kind")), "error": clip(str(event.get("error") or ""), TEXT_LIMIT)}
             elif kind == "ready":
                 if _fork_bomb(proc.pid):
                     report.fatal = {"status": Status.ERROR, "error": _TOO_MANY}

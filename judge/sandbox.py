@@ -37,6 +37,14 @@ READ = _READ_FILE | _READ_DIR
 NONE = 0
 
 
+_SCOPE_ABI = 6
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+class _RulesetAttr(ctypes.Structure):  # struct landlock_ruleset_attr, ABI 6
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
 class _PathBeneath(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
@@ -116,9 +124,18 @@ def plan(limits: Dict[Path, int], full: int) -> Dict[Path, int]:
     return rules
 
 
-def restrict(no_access: Iterable[Path], read_only: Iterable[Path], readable_files: Iterable[Path] = ()) -> Optional[str]:
+def scopes_signals() -> bool:
+    """Whether a confined process is also kept from signalling processes outside its sandbox
+    (Landlock ABI 6, Linux 6.12)."""
+    return abi_version() >= _SCOPE_ABI
+
+
+def restrict(no_access: Iterable[Path], read_only: Iterable[Path], readable_files: Iterable[Path] = (),
+             writable: Iterable[Path] = ()) -> Optional[str]:
     """Restrict this process (and all it starts) for good: nothing under `no_access`, only reading
-    under `read_only`, everything elsewhere; `readable_files` stay readable wherever they are.
+    under `read_only`, everything elsewhere; `readable_files` stay readable wherever they are, and
+    `writable` folders (inside a no-access one) stay open. Where the kernel can, the process may
+    also signal no process outside its sandbox, nor reach an abstract socket outside it.
     Returns None once restricted, or why it could not be (no Landlock here)."""
     abi = abi_version()
     if abi < 1:
@@ -128,8 +145,13 @@ def restrict(no_access: Iterable[Path], read_only: Iterable[Path], readable_file
     full = _handled(abi)
     limits = {Path(p).resolve(): READ for p in read_only}
     limits.update({Path(p).resolve(): NONE for p in no_access})
-    attr = ctypes.c_uint64(full)
-    fd = libc.syscall(nums[0], ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    limits.update({Path(p).resolve(): full for p in writable})
+    if abi >= _SCOPE_ABI:  # signals (kill, SIGSTOP) reach only processes in this sandbox
+        attr = _RulesetAttr(full, 0, _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL)
+        size = ctypes.sizeof(_RulesetAttr)
+    else:
+        attr, size = ctypes.c_uint64(full), 8
+    fd = libc.syscall(nums[0], ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:
         return f"Landlock refused a ruleset (errno {ctypes.get_errno()})"
     try:

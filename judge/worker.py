@@ -17,7 +17,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, TextIO
+from typing import Any, Dict, List, TextIO
 
 
 def _version_of(dist: str) -> str:
@@ -93,23 +93,43 @@ def _run_case(case, item: Dict[str, Any], obs) -> None:
         case.fn(obs)
 
 
+def _git_dirs(repo: Path) -> List[Path]:
+    """The repository's git folders: `.git`, and where a worktree's `.git` file points (its own
+    folder and the shared one, which holds the objects)."""
+    dot = repo / ".git"
+    out = [dot]
+    if dot.is_file():
+        text = dot.read_text(errors="replace").strip()
+        if text.startswith("gitdir:"):
+            own = (repo / text[len("gitdir:"):].strip()).resolve()
+            out.append(own)
+            common = own / "commondir"
+            if common.is_file():
+                out.append((own / common.read_text().strip()).resolve())
+    return out
+
+
 def _confine(job: Dict[str, Any], learner_file: str) -> None:
     """From here on, this process (the learner's code) cannot read the recorded references, the
     judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
     from judge import registry, sandbox
 
-    # temporary files go to the job's own folder, writable whatever else is closed
-    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job["out"]).parent)
+    # temporary files go to the job's own scratch folder, the one place under the judge's private
+    # folder it may open: the control files, the reference run and other learners are out of reach
+    scratch = Path(job["scratch"])
+    os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
     for cache in (".cache", ".triton"):  # kernel caches (a GPU's JIT) that a confined process could not create in ~
         try:
             (Path.home() / cache).mkdir(exist_ok=True)
         except OSError:
             pass
     repo = Path(job["repo"])
-    no_access = [repo / "judge" / "reference", registry.STATE_DIR, *map(Path, job.get("no_access", []))]
+    # git's objects hold every recorded reference too
+    no_access = [repo / "judge" / "reference", *_git_dirs(repo), registry.STATE_DIR, Path(job["private"]),
+                 *map(Path, job.get("no_access", []))]
     if job.get("cases_dir"):
         no_access.append(Path(job["cases_dir"]))
-    why = sandbox.restrict(no_access, [repo], [Path(learner_file)])
+    why = sandbox.restrict(no_access, [repo], [Path(learner_file)], writable=[scratch])
     if why is not None and sandbox.available():  # the judge counts on it: never run the learner's code unconfined here
         raise RuntimeError(f"the judge could not confine the grading process: {why}")
 

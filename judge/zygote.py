@@ -52,7 +52,7 @@ def _run_worker(req: dict, fresh: bool) -> None:
     os.setsid()  # away from the terminal's signals
     if req.get("rlimit_as"):
         resource.setrlimit(resource.RLIMIT_AS, (req["rlimit_as"], req["rlimit_as"]))
-    fd = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     null = os.open(os.devnull, os.O_RDONLY)
