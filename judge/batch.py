@@ -184,7 +184,7 @@ def grade_all(root: Union[str, Path], exercise_id: str, *, jobs: int = 2, seed: 
     if expected.broken:
         raise RuntimeError("the reference engine fails these cases, so nothing can be graded: "
                            + "; ".join(f"{k}: {v.splitlines()[0] if v else ''}" for k, v in expected.broken.items()))
-    batch = Batch(exercise_id, seed, root, g.fingerprint["device"], list(g.notes), max_points=sum(g.ex.weight_of(c) for c in g.ex.cases))
+    batch = Batch(exercise_id, seed, root, g.fingerprint["device"], list(g.notes) + list(g.instructor_notes), max_points=sum(g.ex.weight_of(c) for c in g.ex.cases))
     found = {f.name: submission.find(f, exercise_id) for f in folders}
     grades = {name: LearnerGrade(name, sub) for name, sub in found.items()}
     bar = Bar(len(folders), stream)

@@ -79,41 +79,56 @@ def _write_outputs(args: argparse.Namespace, result, reason: str = "", name: str
     from pathlib import Path
 
     from . import formats
+    from .files import write_whole
 
     if args.gradescope:
         ex = registry.load(args.exercise, args.cases_dir)
         max_points = sum(ex.weight_of(c) for c in ex.cases)
         data = formats.gradescope(result, reason=reason, max_points=max_points, hidden_visibility=args.hidden_visibility)
         Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.gradescope).write_text(json.dumps(data, indent=1) + "\n")
+        write_whole(args.gradescope, json.dumps(data, indent=1) + "\n")  # a new file renamed into place: a planted link is replaced, not followed
     if args.junit:
         Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.junit).write_text(formats.junit({name or args.exercise: result if result is not None else reason}, name=f"judge: {args.exercise}"))
+        write_whole(args.junit, formats.junit({name or args.exercise: result if result is not None else reason}, name=f"judge: {args.exercise}"))
+
+
+def _protected(args: argparse.Namespace) -> List[str]:
+    """Folders the graded code may not open: those named with --protect, and where the outputs go."""
+    import os
+
+    outputs = [os.path.dirname(os.path.abspath(p)) for p in (args.gradescope, args.junit) if p]
+    return list(args.protect or []) + outputs
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    import tempfile
     from pathlib import Path
 
-    from . import submission
+    from . import scratch, submission
+    from .files import create_new
     from .grade import grade
 
     from . import progress
 
     registry.folder(args.exercise)
     file = Path(args.file) if args.file else None
+    protect = _protected(args)
     if file is None or not (file.is_dir() or file.suffix == ".ipynb"):
-        result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record)
+        result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record, protect=protect)
     else:  # a submission folder (an autograder's) or a notebook: the answer is found as grade-all finds it
         sub = submission.find(file, args.exercise) if file.is_dir() else submission.read(file.stem, file, args.exercise)
+        for warning in sub.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if not sub.found:
             print(f"error: nothing to grade: {sub.reason}", file=sys.stderr)
             _write_outputs(args, None, reason=sub.reason, name=str(file))
             return 2
-        with tempfile.TemporaryDirectory(prefix="judge-grade-") as tmp:
-            copy = Path(tmp) / f"{args.exercise.replace('-', '_')}.py"
-            copy.write_text(sub.source)
-            result = grade(args.exercise, copy, seed=args.seed, cases_dir=args.cases_dir, save=False)
+        tmp = scratch.private_dir("grade")  # the judge's own folder: the graded code reads its copy, nothing beside it
+        copy = tmp / f"{args.exercise.replace('-', '_')}.py"
+        create_new(copy, sub.source)
+        try:
+            result = grade(args.exercise, copy, seed=args.seed, cases_dir=args.cases_dir, save=False, protect=protect)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         result.file = str(sub.path)
         for case in result.cases:
             case.message = case.message.replace(str(copy.resolve()), result.file).replace(str(copy), result.file)
@@ -183,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gradescope", metavar="PATH", default=None, help="also write Gradescope's autograder results.json here")
     g.add_argument("--junit", metavar="PATH", default=None, help="also write the grading as JUnit XML here")
     g.add_argument("--no-record", action="store_true", help="leave .judge/results.json (your progress) as it is")
+    g.add_argument("--protect", action="append", metavar="DIR", default=None,
+                   help="a folder the graded code may not open (repeatable); the folders of --gradescope and --junit always are")
     g.set_defaults(fn=cmd_grade)
     ga = sub.add_parser("grade-all", help="instructors: grade one folder per learner; writes a table (CSV, JSON), JUnit XML and Gradescope results")
     ga.add_argument("submissions", help="a folder with one folder per learner, each holding <id>.py or a notebook with a %%%%judge <id> cell")

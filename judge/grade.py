@@ -9,7 +9,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import integrity, progress, reference, registry, sandbox, speed
 from .api import HIDDEN_PREFIX, Exercise
@@ -57,9 +57,11 @@ class Settings:
     threads: int
     use_cuda: bool
     cases_dir: Optional[Path] = None  # an instructor's hidden cases, loaded by every worker
+    protect: Tuple[Path, ...] = ()  # folders the graded code may not open: the class's submissions, the outputs
 
     def kw(self) -> Dict[str, Any]:
-        return dict(memory_limit_gb=self.memory_limit_gb, threads=self.threads, use_cuda=self.use_cuda, cases_dir=self.cases_dir)
+        return dict(memory_limit_gb=self.memory_limit_gb, threads=self.threads, use_cuda=self.use_cuda, cases_dir=self.cases_dir,
+                    sandbox={"no_access": [str(p) for p in self.protect]})
 
 
 @dataclass
@@ -236,6 +238,7 @@ class Grading:
     use_recorded: bool
     notes: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    instructor_notes: List[str] = field(default_factory=list)  # about the hidden cases: not for learners' eyes before publication
 
     @property
     def ref_jobs(self) -> List[CaseJob]:
@@ -268,13 +271,14 @@ class Grading:
         if got.skipped:
             notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
         return GradeResult(self.ex.id, display, self.fingerprint["device"], verdicts(self.ex, self.jobs, expected, got), notes,
-                           warnings=list(self.warnings) + list(warnings or []))
+                           warnings=list(self.warnings) + list(warnings or []), instructor_notes=list(self.instructor_notes))
 
 
 def prepare(exercise_id: str, *, seed: Optional[int] = None, timeout_scale: float = 1.0, memory_limit_gb: Optional[float] = None,
-            cases_dir: Optional[str | Path] = None, parallel: int = 2) -> Grading:
+            cases_dir: Optional[str | Path] = None, parallel: int = 2, protect: Iterable[str | Path] = ()) -> Grading:
     """Everything a grading of `exercise_id` needs before it runs a file (see `Grading`)."""
     cases_dir = Path(cases_dir).expanduser().resolve() if cases_dir is not None else None
+    protect = [Path(p).expanduser().resolve() for p in protect]
     ex = registry.load(exercise_id, cases_dir)
     snap = integrity.Snapshot()  # before any learner code runs
     dirty = integrity.differs_from_git(snap, integrity.committed_ids())
@@ -306,11 +310,12 @@ def prepare(exercise_id: str, *, seed: Optional[int] = None, timeout_scale: floa
     if not sandbox.available():
         notes.append("this kernel has no Landlock, so the graded code runs unconfined: the judge puts back whatever it changes, "
                      "but could not keep it from reading the recorded references")
+    instructor_notes = []
     if cases_dir is not None:
         hidden = sum(c.hidden for c in ex.cases)
-        notes.append(f"{hidden} hidden case{'s' if hidden != 1 else ''} from {cases_dir}, their reference run on this machine")
-    settings = Settings(memory_limit_gb or ex.memory_limit_gb, default_threads(parallel), use_cuda, cases_dir)
-    return Grading(ex, jobs, settings, fp, snap, recorded, use_recorded, notes, warnings)
+        instructor_notes.append(f"{hidden} hidden case{'s' if hidden != 1 else ''} from {cases_dir}, their reference run on this machine")
+    settings = Settings(memory_limit_gb or ex.memory_limit_gb, default_threads(parallel), use_cuda, cases_dir, tuple(protect))
+    return Grading(ex, jobs, settings, fp, snap, recorded, use_recorded, notes, warnings, instructor_notes)
 
 
 def grade(
@@ -322,20 +327,23 @@ def grade(
     timeout_scale: float = 1.0,
     memory_limit_gb: Optional[float] = None,
     cases_dir: Optional[str | Path] = None,
+    protect: Iterable[str | Path] = (),
 ) -> GradeResult:
     """Grade `path` (default: work/<id>.py) on exercise `exercise_id`; returns a GradeResult.
 
     The reference and the learner's piece each run in a subprocess, in parallel. Seeded cases get
     fresh seeds unless `seed` fixes them. `timeout_scale` and `memory_limit_gb` adjust the limits
     (for slow machines, or tests of the limits themselves). `cases_dir`: an instructor's folder
-    of hidden cases (`<dir>/<id>/cases.py`), graded beside the public ones."""
+    of hidden cases (`<dir>/<id>/cases.py`), graded beside the public ones. `protect`: folders the
+    graded code may not open (where the results go, other submissions)."""
     registry.folder(exercise_id)  # an unknown id says so first
     file = Path(path) if path is not None else registry.learner_path(exercise_id)
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist: run `python judge.py start {exercise_id}` to get the starter there")
     file = file.resolve()
     record_before = progress.snapshot()  # the learner's record, which graded code must not change
-    g = prepare(exercise_id, seed=seed, timeout_scale=timeout_scale, memory_limit_gb=memory_limit_gb, cases_dir=cases_dir)
+    g = prepare(exercise_id, seed=seed, timeout_scale=timeout_scale, memory_limit_gb=memory_limit_gb, cases_dir=cases_dir,
+                protect=protect)
     warnings: List[str] = []
     reset_cancel()
     try:

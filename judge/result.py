@@ -95,6 +95,7 @@ class GradeResult:
     notes: List[str] = field(default_factory=list)  # how the grading was done (device, references)
     speed: List[str] = field(default_factory=list)  # on a passing grade: the piece's time against the reference's
     warnings: List[str] = field(default_factory=list)  # files the graded code changed on disk (put back)
+    instructor_notes: List[str] = field(default_factory=list)  # about hidden cases: shown in a terminal, kept from learners' outputs
 
     @property
     def passed(self) -> int:
@@ -137,7 +138,7 @@ class GradeResult:
 
     def __str__(self) -> str:
         lines = [f"{self.exercise}: grading {self.file}"]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  note: {n}" for n in self.notes + self.instructor_notes]
         lines += [f"  WARNING: {w}" for w in self.warnings]
         hidden = self.part(True)
         for c in self.part(False):

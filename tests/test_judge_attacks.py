@@ -1,0 +1,223 @@
+"""A hostile learner's file against the judge, one test per kind of attack: what it reads, what it
+writes, what it signals, what it leaves running, what it makes the judge print or believe.
+
+Each grades req-lengths (the cheapest exercise) once or twice. The learner's code reports what it
+managed into a file in the test's own folder (the graded code may write there), and the test
+asserts it managed nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from judge import formats, grade, registry, sandbox, scratch, variants
+from judge.compare import first_difference
+from judge.result import TEXT_LIMIT
+
+REPO = Path(__file__).resolve().parent.parent
+EX = "req-lengths"
+SOLUTION = variants.solution_file(EX)
+WRONG = variants.variant_file(EX, variants.declared(EX)[0].name)
+BODY = "        return self.device_len - self.cached_len"  # Req.extend_len in the answer
+
+needs_landlock = pytest.mark.skipif(not sandbox.available(), reason="this kernel has no Landlock: the judge says it cannot confine")
+needs_scoping = pytest.mark.skipif(not sandbox.scopes_signals(), reason="this kernel's Landlock cannot scope signals (ABI < 6)")
+
+
+def _learner(tmp_path: Path, name: str, prefix: str, source: Path = SOLUTION) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(prefix + source.read_text())
+    return path
+
+
+# ---- reading what grades it ----------------------------------------------------------------------
+@needs_landlock
+def test_git_objects_are_out_of_reach(tmp_path: Path) -> None:
+    # the recorded references are in git's objects too: `git show HEAD:judge/reference/...`
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "git_show", f"""import subprocess as _sp
+_r = _sp.run(["git", "-C", {str(REPO)!r}, "show", "HEAD:judge/reference/{EX}.json"], capture_output=True)
+open({str(leak)!r}, "w").write(str(len(_r.stdout)))
+""")
+    assert grade(EX, path, seed=1, save=False).ok
+    assert leak.read_text() == "0"
+
+
+# ---- writing where the judge writes ----------------------------------------------------------------
+@needs_landlock
+def test_planted_links_and_other_runs_files_are_out_of_reach(tmp_path: Path) -> None:
+    # links named like the next attempt's control files, in the worker's TMPDIR; then a crash in a
+    # case, so the judge starts a second worker and writes that attempt's files
+    canary = tmp_path / "canary"
+    canary.write_text("untouched")
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "plants", f"""import glob as _glob, os as _os, tempfile as _tf
+_own = _os.path.realpath(_tf.gettempdir())
+_hits = []
+for _f in _glob.glob({str(scratch.base())!r} + "/**/*", recursive=True):
+    if _os.path.isfile(_f) and not _os.path.realpath(_os.path.dirname(_f)).startswith(_own):
+        try:
+            open(_f, "a").close()
+            _hits.append(_f)
+        except OSError:
+            pass
+for _n in ("job-2.json", "events-2.jsonl", "stderr-2.txt", "job-2.pid"):
+    try:
+        _os.symlink({str(canary)!r}, _os.path.join(_own, _n))
+    except OSError:
+        pass
+open({str(leak)!r}, "w").write("\\n".join(_hits))
+""")
+    crash_once = ("        import os, tempfile\n        _flag = os.path.join(tempfile.gettempdir(), 'crashed')\n"
+                  "        if not os.path.exists(_flag):\n            open(_flag, 'w').close()\n            os._exit(3)\n")
+    path.write_text(path.read_text().replace(BODY, crash_once + BODY))
+    result = grade(EX, path, seed=1, save=False)
+    assert [c.status for c in result.cases].count("error") == 1 and result.passed == result.total - 1, str(result)
+    assert canary.read_text() == "untouched"
+    assert leak.read_text() == "", leak.read_text()  # no control file of the judge's, of the reference's, of another run
+
+
+# ---- signals and processes ---------------------------------------------------------------------------
+@needs_scoping
+def test_signals_reach_no_process_outside_the_worker(tmp_path: Path) -> None:
+    # signal 0 asks the kernel whether a signal would be delivered, and delivers none
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "signals", f"""import os as _os
+def _parent(pid):
+    _stat = open(f"/proc/{{pid}}/stat").read()
+    return int(_stat[_stat.rindex(")") + 2:].split()[1])
+_keeper = _os.getppid()
+_reached = []
+for _pid in (_keeper, _parent(_keeper), int(_os.environ["MINISGL_JUDGE_PROCESS"])):
+    try:
+        _os.kill(_pid, 0)
+        _reached.append(_pid)
+    except OSError:
+        pass
+open({str(leak)!r}, "w").write(" ".join(map(str, _reached)))
+""")
+    assert grade(EX, path, seed=1, save=False).ok
+    assert leak.read_text() == ""  # not the keeper, not the fork server, not the judge
+
+
+def _with_token(token: str) -> list:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and token.encode() in open(f"/proc/{name}/cmdline", "rb").read():
+                out.append(int(name))
+        except OSError:
+            pass
+    return out
+
+
+def test_nothing_outlives_the_grading(tmp_path: Path) -> None:
+    # a double fork whose grandchild execs a shell with an empty environment (no marker of the
+    # judge's), then an attempt on the keeper that would leave the grandchild to the fork server
+    token = f"outlives-{os.getpid()}-{time.monotonic_ns()}"
+    path = _learner(tmp_path, "outlives", f"""import os as _os, signal as _signal, time as _time
+if _os.fork() == 0:
+    if _os.fork() == 0:
+        _os.setsid()
+        _os.execve("/bin/sh", ["sh", "-c", "while :; do sleep 1; done # {token}"], {{}})
+    _os._exit(0)
+_time.sleep(0.5)
+try:
+    _os.kill(_os.getppid(), _signal.SIGKILL)
+except OSError:
+    pass
+""")
+    try:
+        result = grade(EX, path, seed=1, save=False)
+        assert result.ok, str(result)
+        time.sleep(0.5)
+        assert _with_token(token) == []
+    finally:
+        for pid in _with_token(token):
+            os.kill(pid, signal.SIGKILL)
+
+
+# ---- what the judge believes and prints ------------------------------------------------------------
+def test_a_tolerance_comparison_counts_values_before_comparing_them() -> None:
+    def close(values, shape):
+        return [{"label": "logits", "kind": "close", "dtype": "torch.float32", "shape": shape, "value": values}]
+
+    expected = close([1.0, 2.0, 3.0, 4.0], [2, 2])
+    assert first_difference(close([1.0, 2.0, 3.0, 4.0], [2, 2]), expected) is None
+    assert first_difference(close([1.0, 2.0], [2, 2]), expected) is not None  # fewer values than the shape holds
+    assert first_difference(close([], [2, 2]), expected) is not None
+    from judge.compare import well_formed
+
+    assert not well_formed(close([1.0], [2, 2])) and well_formed(expected)
+
+
+def test_learner_text_is_capped_in_every_output(tmp_path: Path) -> None:
+    path = _learner(tmp_path, "loud", "raise RuntimeError('x' * 5_000_000)\n")
+    result = grade(EX, path, seed=1, save=False)
+    assert not result.ok and "RuntimeError" in result.cases[0].message
+    assert all(len(c.message) <= TEXT_LIMIT for c in result.cases)
+    assert len(str(result)) < 5 * TEXT_LIMIT
+    assert len(json.dumps(formats.gradescope(result))) < 5 * TEXT_LIMIT
+    assert len(formats.junit({"loud": result})) < 10 * TEXT_LIMIT
+
+
+def test_point_shares_add_up_to_the_weight() -> None:
+    from judge.grade import point_shares
+
+    for weight, n in ((1.0, 3), (2.0, 7), (0.5, 6), (3.0, 1)):
+        shares = point_shares(weight, n)
+        assert len(shares) == n and round(sum(shares), 6) == weight and all(s > 0 for s in shares)
+    result = grade(EX, SOLUTION, seed=1, save=False)
+    data = formats.gradescope(result)
+    assert round(sum(t["score"] for t in data["tests"]), 6) == data["score"] == result.max_points
+    assert all(len(repr(t["score"])) <= 8 for t in data["tests"])  # never 0.33333333333
+
+
+HIDDEN = """from judge.api import Obs, case
+
+
+@case("hidden: a request of 3 tokens")
+def three(obs: Obs) -> None:
+    import torch
+    from minisgl.core import Req, SamplingParams
+    from minisgl.kvcache import BaseCacheHandle
+
+    req = Req(torch.arange(3, dtype=torch.int32), 0, 0, 0, SamplingParams(max_tokens=2), BaseCacheHandle(0))
+    obs.eq("extend_len", req.extend_len)
+"""
+
+
+def test_gradescope_names_neither_the_count_nor_the_folder_of_hidden_cases(tmp_path: Path) -> None:
+    cases_dir = tmp_path / "instructor-secret-folder"
+    (cases_dir / EX).mkdir(parents=True)
+    (cases_dir / EX / "cases.py").write_text(HIDDEN)
+    result = grade(EX, SOLUTION, seed=1, save=False, cases_dir=cases_dir)
+    assert result.ok and len(result.part(True)) == 1, str(result)
+    shown = formats.gradescope(result)["output"]  # always visible to the learner
+    assert "hidden" not in shown.lower() and str(cases_dir) not in shown, shown
+    assert str(cases_dir) in str(result)  # the instructor's terminal says where they came from
+    told = formats.gradescope(result, hidden_visibility="visible")["output"]
+    assert "hidden cases: 1/1 pass" in told
+
+
+def test_several_answers_in_a_folder_warn_and_a_started_one_wins(tmp_path: Path) -> None:
+    from judge import submission
+
+    folder = tmp_path / "ada"
+    folder.mkdir()
+    (folder / f"{EX}.py").write_text((registry.folder(EX) / "starter.py").read_text())  # never touched
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": [f"%%judge {EX}\n", SOLUTION.read_text()]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / "10_chunked_prefill.ipynb").write_text(json.dumps(notebook))
+    sub = submission.find(folder, EX)
+    assert sub.path is not None and sub.path.name == "10_chunked_prefill.ipynb"
+    assert sub.warnings and f"{EX}.py" in sub.warnings[0] and "untouched" in sub.warnings[0]
+    alone = tmp_path / "bob"
+    alone.mkdir()
+    (alone / f"{EX}.py").write_text(SOLUTION.read_text())
+    assert submission.find(alone, EX).warnings == []
