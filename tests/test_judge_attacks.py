@@ -221,3 +221,47 @@ def test_several_answers_in_a_folder_warn_and_a_started_one_wins(tmp_path: Path)
     alone.mkdir()
     (alone / f"{EX}.py").write_text(SOLUTION.read_text())
     assert submission.find(alone, EX).warnings == []
+
+
+# ---- a class on Gradescope ---------------------------------------------------------------------------
+FORGED = {"score": 100.0, "output": "forged", "tests": []}
+
+
+def _run_autograder(root: Path, exercise: str = EX) -> dict:
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EXERCISE=exercise, AUTOGRADER_ROOT=str(root), WORKBOOK=str(REPO),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env.pop("SEED", None)
+    proc = subprocess.run(["bash", str(REPO / "judge" / "autograder" / "run_autograder")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def test_run_autograder_writes_results_json_itself(tmp_path: Path) -> None:
+    # a wrong answer that writes full marks wherever results may go, then goes for the judge
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    results = root / "results"
+    (root / "submission" / f"{EX}.py").write_text(f"""import glob as _glob, json as _json, os as _os, signal as _signal
+for _d in [{str(results)!r}] + _glob.glob("/tmp/tmp.*"):
+    try:
+        _os.makedirs(_d, exist_ok=True)
+        open(_os.path.join(_d, "results.json"), "w").write(_json.dumps({FORGED!r}))
+    except OSError:
+        pass
+try:
+    _os.kill(int(_os.environ["MINISGL_JUDGE_PROCESS"]), _signal.SIGKILL)
+except OSError:
+    pass
+""" + WRONG.read_text())
+    first = _run_autograder(root)
+    assert first["tests"] and 0 < first["score"] < sum(t["max_score"] for t in first["tests"]), first
+    # the same submission graded again: the same cases (one seed per assignment), the same score
+    again = _run_autograder(root)
+    assert [t["name"] for t in again["tests"]] == [t["name"] for t in first["tests"]] and again["score"] == first["score"]
+    # the judge gives no verdict (here: an exercise it does not know): an error result, never the file found there
+    results.joinpath("results.json").write_text(json.dumps(FORGED))
+    died = _run_autograder(root, exercise="no-such-exercise")
+    assert died["score"] == 0 and died["tests"] == [] and "could not grade" in died["output"], died
