@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from . import registry
 from .declaration import DeclarationError
+from .ledger import LedgerError
 
 _STARS = {1: "*", 2: "**", 3: "***"}
 
@@ -143,19 +144,22 @@ def cmd_grade_all(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .batch import grade_all
+    from .gradebook import read_roster
 
-    batch = grade_all(args.submissions, args.exercise, jobs=args.jobs, seed=args.seed, cases_dir=args.cases_dir,
-                      timeout_scale=args.timeout_scale)
     out = Path(args.out or f"grades-{args.exercise}")
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    roster = read_roster(args.roster) if args.roster else None
+    batch = grade_all(args.submissions, args.exercise, out=out, jobs=args.jobs, seed=args.seed, cases_dir=args.cases_dir,
+                      timeout_scale=args.timeout_scale, resume=args.resume, only=only, roster=roster)
     paths = batch.write(out, hidden_visibility=args.hidden_visibility)
     graded = [g for g in batch.learners if g.result is not None]
     print(f"{len(graded)} of {len(batch.learners)} learners graded in {batch.seconds:.0f} s (seed {batch.seed}); "
           f"{sum(g.result.ok for g in graded)} pass every case")
     for g in batch.learners:
         r = g.result
-        print(f"  {g.learner:<24} " + (f"{r.points:g}/{r.max_points:g} points, {r.passed}/{r.total} cases" if r else f"{g.verdict}: {g.found.reason}"))
-    print(f"wrote {paths['csv']}, {paths['json']}, {paths['junit']} and {out / 'gradescope'}/<learner>/results.json")
-    return 0
+        print(f"  {g.learner:<24} " + (f"{r.points:g}/{r.max_points:g} points, {r.passed}/{r.total} cases" if r else f"{g.verdict}: {g.reason}"))
+    print(f"wrote {paths['csv']}, {paths['totals']}, {paths['json']}, {paths['junit']} and {out / 'gradescope'}/<learner>/results.json")
+    return 130 if batch.interrupted else 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -208,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--seed", type=int, default=None, help="the seeds of the randomised cases, the same for every learner (default: drawn once, reported)")
     ga.add_argument("--out", default=None, help="where the tables go (default: grades-<id>/)")
     ga.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every case's time limit (a slow machine)")
+    ga.add_argument("--resume", action="store_true", help="grade only the learners not yet recorded in --out (after an interrupted run)")
+    ga.add_argument("--only", default=None, metavar="NAMES", help="regrade these learners (comma-separated) and merge them with those recorded in --out")
+    ga.add_argument("--roster", default=None, metavar="FILE", help="learner names, one a line: those with no folder appear as missing")
     _course_options(ga)
     ga.set_defaults(fn=cmd_grade_all)
     for name, helptext, record in (("check", "maintainers: reference passes, starters and wrong variants fail", False),
@@ -231,9 +238,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         return args.fn(args)
-    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError) as exc:
+    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError, LedgerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `judge.py list | head`: the reader has all it wanted
         import os
 

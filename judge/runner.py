@@ -239,6 +239,11 @@ def reset_cancel() -> None:
     _CANCEL.clear()
 
 
+def cancelled() -> bool:
+    """Whether the gradings were interrupted (`cancel_all`) since the last `reset_cancel`."""
+    return _CANCEL.is_set()
+
+
 def sweep() -> None:
     """Kill whatever learner code left adopted by the fork server or by the judge."""
     procs.kill_tree({}, strays=Zygote.strays)
@@ -270,6 +275,9 @@ def run_cases(
         tmp = run.control
         attempt = 0
         while remaining:
+            if _CANCEL.is_set():  # interrupted: no new worker
+                report.fatal = report.fatal or {"status": Status.NOT_RUN, "error": "grading was interrupted"}
+                return report
             attempt += 1
             out_path = Path(tmp) / f"events-{attempt}.jsonl"
             err_path = Path(tmp) / f"stderr-{attempt}.txt"
@@ -380,6 +388,8 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
     stopped_since: Optional[float] = None
     polls = 0
     while True:
+        if _CANCEL.is_set():
+            return False, None
         chunk = events.read()
         buf += chunk
         while "\n" in buf:
