@@ -265,3 +265,105 @@ except OSError:
     results.joinpath("results.json").write_text(json.dumps(FORGED))
     died = _run_autograder(root, exercise="no-such-exercise")
     assert died["score"] == 0 and died["tests"] == [] and "could not grade" in died["output"], died
+
+
+# ---- a class with grade-all ---------------------------------------------------------------------------
+def _class(tmp_path: Path, files: dict) -> Path:
+    subs = tmp_path / "submissions"
+    for learner, text in files.items():
+        (subs / learner).mkdir(parents=True)
+        (subs / learner / f"{EX}.py").write_text(text)
+    return subs
+
+
+def test_learners_cannot_reach_each_other(tmp_path: Path) -> None:
+    # the first learner graded goes for the class folder, the judge's private copies and the
+    # folders the judge would make next; a correct classmate must still pass, unread
+    from judge.batch import grade_all
+
+    leak = tmp_path / "leak"
+    leak.write_text("not run")  # made here: a folder that holds a closed one takes no new files from the graded code
+    subs = tmp_path / "submissions"
+    wrong = WRONG.read_text()
+    evil = f"""import glob as _glob, os as _os
+_got = []
+_here = _os.path.dirname(_os.path.abspath(__file__))
+for _f in _glob.glob({str(subs)!r} + "/*/*.py") + _glob.glob(_os.path.dirname(_here) + "/*/*.py"):
+    if _os.path.dirname(_os.path.abspath(_f)) == _here:
+        continue
+    try:
+        _got.append(open(_f).read()[:10])
+        open(_f, "w").write({wrong!r})
+    except OSError:
+        pass
+for _name in ("b-good", "c-good"):
+    for _d in (_os.path.dirname(_here), {str(subs)!r}, {str(tmp_path / "grades")!r}):
+        try:
+            _os.makedirs(_os.path.join(_d, _name, "planted"))
+            _got.append(_d)
+        except OSError:
+            pass
+open({str(leak)!r}, "w").write(repr(_got))
+"""
+    subs = _class(tmp_path, {"a-evil": evil + wrong, "b-good": SOLUTION.read_text(), "c-good": SOLUTION.read_text()})
+    before = {p: p.read_bytes() for p in subs.rglob("*.py")}
+    batch = grade_all(subs, EX, out=tmp_path / "grades", jobs=1, seed=1, echo=lambda _: None)
+    results = {g.learner: g.result for g in batch.learners}
+    assert results["b-good"].ok and results["c-good"].ok, str(results["b-good"]) + str(results["c-good"])
+    assert leak.read_text() == "[]"
+    assert {p: p.read_bytes() for p in subs.rglob("*.py")} == before
+
+
+def test_the_progress_bar_fits_80_columns() -> None:
+    import io
+
+    from judge.batch import Bar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    bar = Bar(120, stream)
+    for i in range(120):
+        bar.step(f"learner-with-a-rather-long-name-{i}: 11/11 and then some words that go on and on")
+    assert max(len(line) for line in stream.getvalue().replace("\n", "\r").split("\r")) <= 80
+
+
+def test_grade_all_keeps_what_it_graded_through_ctrl_c_and_resumes(tmp_path: Path) -> None:
+    import csv
+    import subprocess
+    import sys
+
+    from judge.batch import grade_all
+
+    flag = tmp_path / "hang"  # while it exists, the later learners' answers loop for ever
+    flag.write_text("")
+    hang = SOLUTION.read_text().replace(BODY, f"        import os\n        while os.path.exists({str(flag)!r}):\n            pass\n" + BODY)
+    subs = _class(tmp_path, {"ada": SOLUTION.read_text(), "bob": hang, "cy": hang})
+    roster = tmp_path / "roster.txt"
+    roster.write_text("learner\nada\nbob\ncy\nzed\n")  # zed handed nothing in
+    out = tmp_path / "grades"
+    proc = subprocess.Popen([sys.executable, "judge.py", "grade-all", str(subs), "--exercise", EX, "--jobs", "1", "--seed", "5",
+                             "--roster", str(roster), "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "learners" / "ada.learner.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (out / "learners" / "ada.learner.json").exists(), proc.communicate(timeout=5)[0][-3000:]  # recorded as she finished
+        time.sleep(1.0)  # bob's worker is looping now
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        text = proc.communicate(timeout=30)[0]
+        assert time.monotonic() - t0 < 10 and proc.returncode == 130, text[-3000:]
+    finally:
+        proc.kill()
+    totals = {r["learner"]: r for r in csv.DictReader(open(out / "totals.csv"))}
+    assert list(totals) == ["ada", "bob", "cy", "zed"], totals
+    assert totals["ada"]["verdict"] == "graded" and float(totals["ada"]["points"]) == float(totals["ada"]["max_points"])
+    assert totals["bob"]["verdict"] == totals["cy"]["verdict"] == "not graded" and totals["zed"]["verdict"] == "missing"
+    flag.unlink()
+    batch = grade_all(subs, EX, out=out, jobs=1, resume=True, roster=["ada", "bob", "cy", "zed"], echo=lambda _: None)
+    by = {g.learner: g for g in batch.learners}
+    assert batch.seed == 5 and all(by[n].result.ok for n in ("ada", "bob", "cy")) and by["zed"].verdict == "missing"
+    assert by["ada"].seconds == json.loads((out / "learners" / "ada.learner.json").read_text())["seconds"]  # not graded again
