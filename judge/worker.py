@@ -112,7 +112,7 @@ def _git_dirs(repo: Path) -> List[Path]:
 def _confine(job: Dict[str, Any], learner_file: str) -> None:
     """From here on, this process (the learner's code) cannot read the recorded references, the
     judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
-    from judge import registry, sandbox
+    from judge import registry, sandbox, seccomp
 
     # temporary files go to the job's own scratch folder, the one place under the judge's private
     # folder it may open: the control files, the reference run and other learners are out of reach
@@ -131,6 +131,9 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
         no_access.append(Path(job["cases_dir"]))
     why = sandbox.restrict(no_access, [repo], [Path(learner_file)], writable=[scratch])
     if why is not None and sandbox.available():  # the judge counts on it: never run the learner's code unconfined here
+        raise RuntimeError(f"the judge could not confine the grading process: {why}")
+    why = seccomp.forbid_metadata_changes()  # chmod, utime, xattrs: what Landlock does not cover
+    if why is not None and seccomp.available():
         raise RuntimeError(f"the judge could not confine the grading process: {why}")
 
 

@@ -82,6 +82,33 @@ open({str(leak)!r}, "w").write("\\n".join(_hits))
     assert leak.read_text() == "", leak.read_text()  # no control file of the judge's, of the reference's, of another run
 
 
+def test_permissions_times_and_attributes_stay_as_they_are(tmp_path: Path) -> None:
+    # Landlock guards contents, not metadata: `chmod 000` on a file it may read would break every later grading
+    target = tmp_path / "a file the graded code may read"
+    target.write_text("x")
+    before = target.stat()
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "metadata", f"""import os as _os
+_done = []
+for _name, _call in (("chmod", lambda: _os.chmod({str(target)!r}, 0)), ("utime", lambda: _os.utime({str(target)!r}, (0, 0))),
+                     ("setxattr", lambda: _os.setxattr({str(target)!r}, "user.judge", b"1")),
+                     ("fchmod", lambda: _os.fchmod(_os.open({str(target)!r}, _os.O_RDONLY), 0))):
+    try:
+        _call()
+        _done.append(_name)
+    except OSError:
+        pass
+open({str(leak)!r}, "w").write(" ".join(_done))
+""")
+    try:
+        assert grade(EX, path, seed=1, save=False).ok
+        assert leak.read_text() == ""
+        after = target.stat()
+        assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+    finally:
+        target.chmod(0o644)
+
+
 # ---- signals and processes ---------------------------------------------------------------------------
 @needs_scoping
 def test_signals_reach_no_process_outside_the_worker(tmp_path: Path) -> None:
