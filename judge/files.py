@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Union
 
 
-def write_whole(path: Union[str, Path], text: str) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the new one, never half of one:
-    through a temporary file of this writer's own, renamed over `path` (atomic on one file system)."""
+def write_whole(path: Union[str, Path], data: Union[str, bytes]) -> None:
+    """Write `data` to `path` so that a reader sees the old file or the new one, never half of one:
+    through a temporary file of this writer's own, renamed over `path` (atomic on one file system).
+    A link found at `path` is replaced, never followed."""
     folder, name = os.path.split(os.fspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    os.fchmod(fd, 0o644)  # as an ordinary write would leave it (mkstemp's is 0600)
+    with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 

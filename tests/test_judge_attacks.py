@@ -394,3 +394,21 @@ def test_grade_all_keeps_what_it_graded_through_ctrl_c_and_resumes(tmp_path: Pat
     by = {g.learner: g for g in batch.learners}
     assert batch.seed == 5 and all(by[n].result.ok for n in ("ada", "bob", "cy")) and by["zed"].verdict == "missing"
     assert by["ada"].seconds == json.loads((out / "learners" / "ada.learner.json").read_text())["seconds"]  # not graded again
+
+
+def test_the_judge_replaces_a_planted_link_instead_of_writing_through_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # where the graded code could write (no Landlock), it may swap the progress record for a link
+    from judge import progress
+
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setattr(registry, "STATE_DIR", state)
+    before = b'{"req-lengths": {"passed": 1, "total": 8, "file": "x", "when": "then"}}'
+    progress.path().write_bytes(before)
+    victim = tmp_path / "victim"
+    victim.write_text("the judge must not write here")
+    progress.path().unlink()
+    progress.path().symlink_to(victim)
+    assert progress.restore(before)
+    assert victim.read_text() == "the judge must not write here"
+    assert not progress.path().is_symlink() and progress.path().read_bytes() == before

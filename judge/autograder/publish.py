@@ -35,6 +35,7 @@ def _error(status: str) -> Dict[str, Any]:
 def _replace(target: Path, text: str) -> None:
     """Write `target` through a new file renamed over it: a link planted there is replaced, not followed."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, target)
