@@ -100,16 +100,17 @@ def grade_all(root: Union[str, Path], exercise_id: str, *, out: Union[str, Path]
     unknown = sorted((only or set()) - set(found))
     if unknown:
         raise FileNotFoundError(f"--only names learners with no folder in {root}: {', '.join(unknown)}")
-    ledger = Ledger.open(out, exercise_id, seed, merge=resume or only is not None)
+    merging = resume or only is not None
+    ledger = Ledger.open(out, exercise_id, seed, merge=merging)
     record_before = progress.snapshot()
     g = prepare(exercise_id, seed=ledger.seed, timeout_scale=timeout_scale, memory_limit_gb=memory_limit_gb, cases_dir=cases_dir,
                 parallel=max(1, jobs), protect=[root, out])
-    merging = resume or only is not None
     grades: Dict[str, LearnerGrade] = {}
     todo: List[str] = []
     for name, sub in found.items():
         recorded = ledger.load(name) if merging else None
-        if sub.found and (name in only if only is not None else recorded is None):
+        graded = recorded is not None and recorded.result is not None  # a record of "missing" is no grading
+        if sub.found and (name in only if only is not None else not graded):
             grades[name] = LearnerGrade(name, sub, pending=True)
             todo.append(name)
         elif recorded is not None:

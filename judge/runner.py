@@ -180,7 +180,7 @@ class Zygote:
             # environment may be emptied by an exec); the judge's own children are ours only if marked
             return {p.pid for p in tab.values()
                     if p.pid not in servers and p.pid not in running
-                    and ((p.ppid in servers and p.ppid != os.getpid()) or (p.ppid in parents and procs.marked(p.pid)))}
+                    and (p.ppid in servers or (p.ppid in parents and procs.marked(p.pid)))}
 
     @classmethod
     def _close_input(cls, fresh: bool) -> Optional[subprocess.Popen]:

@@ -110,8 +110,10 @@ def _git_dirs(repo: Path) -> List[Path]:
 
 
 def _confine(job: Dict[str, Any], learner_file: str) -> None:
-    """From here on, this process (the learner's code) cannot read the recorded references, the
-    judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
+    """From here on, this process (the learner's code) cannot read the recorded references, git's
+    objects, the judge's state, its private folder (but for this job's scratch folder) or the
+    hidden cases, nor write the repository, nor signal a process outside its sandbox
+    (`judge.sandbox`), nor change any file's permissions, times or attributes (`judge.seccomp`)."""
     from judge import registry, sandbox, seccomp
 
     # temporary files go to the job's own scratch folder, the one place under the judge's private

@@ -109,6 +109,27 @@ open({str(leak)!r}, "w").write(" ".join(_done))
         target.chmod(0o644)
 
 
+@pytest.mark.skipif(sandbox.abi_version() < 4, reason="this kernel's Landlock cannot restrict TCP (ABI < 4)")
+def test_no_tcp_connection_leaves_the_worker(tmp_path: Path) -> None:
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))  # a listener on this machine the graded code could report to
+    port = server.getsockname()[1]
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "tcp", f"""import socket as _socket
+try:
+    _socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+    open({str(leak)!r}, "w").write("connected")
+except OSError:
+    open({str(leak)!r}, "w").write("refused")
+""")
+    try:
+        assert grade(EX, path, seed=1, save=False).ok
+        assert leak.read_text() == "refused"
+    finally:
+        server.close()
+
+
 # ---- signals and processes ---------------------------------------------------------------------------
 @needs_scoping
 def test_signals_reach_no_process_outside_the_worker(tmp_path: Path) -> None:
