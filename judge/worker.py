@@ -12,6 +12,7 @@ import io
 import json
 import os
 import platform
+import stat
 import sys
 import tempfile
 import time
@@ -109,12 +110,27 @@ def _git_dirs(repo: Path) -> List[Path]:
     return out
 
 
+def _devices() -> List[Path]:
+    """The block devices in /dev: read raw, a disk holds every file on it."""
+    out = []
+    try:
+        for entry in os.scandir("/dev"):
+            try:
+                if stat.S_ISBLK(entry.stat(follow_symlinks=False).st_mode):
+                    out.append(Path(entry.path))
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
 def _confine(job: Dict[str, Any], learner_file: str) -> None:
     """From here on, this process (the learner's code) cannot read the recorded references, git's
     objects, the judge's state, its private folder (but for this job's scratch folder) or the
     hidden cases, nor write the repository, nor signal a process outside its sandbox
     (`judge.sandbox`), nor change any file's permissions, times or attributes (`judge.seccomp`)."""
-    from judge import registry, sandbox, seccomp
+    from judge import privileges, registry, sandbox, seccomp
 
     # temporary files go to the job's own scratch folder, the one place under the judge's private
     # folder it may open: the control files, the reference run and other learners are out of reach
@@ -127,13 +143,17 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
             pass
     repo = Path(job["repo"])
     # git's objects hold every recorded reference too
-    no_access = [repo / "judge" / "reference", *_git_dirs(repo), registry.STATE_DIR, Path(job["private"]),
+    no_access = [repo / "judge" / "reference", *_git_dirs(repo), registry.STATE_DIR, Path(job["private"]), *_devices(),
                  *map(Path, job.get("no_access", []))]
     if job.get("cases_dir"):
         no_access.append(Path(job["cases_dir"]))
-    why = sandbox.restrict(no_access, [repo], [Path(learner_file)], writable=[scratch])
+    # /proc and /sys only read: as root, their files would set the kernel's parameters (or reboot it)
+    why = sandbox.restrict(no_access, [repo, Path("/proc"), Path("/sys")], [Path(learner_file)], writable=[scratch])
     if why is not None and sandbox.available():  # the judge counts on it: never run the learner's code unconfined here
         raise RuntimeError(f"the judge could not confine the grading process: {why}")
+    why = privileges.drop()  # root's powers beyond files (modules, reboot, raw I/O, mounts)
+    if why is not None:
+        raise RuntimeError(f"the judge could not drop the grading process's privileges: {why}")
     why = seccomp.forbid_metadata_changes()  # chmod, utime, xattrs: what Landlock does not cover
     if why is not None and seccomp.available():
         raise RuntimeError(f"the judge could not confine the grading process: {why}")

@@ -33,7 +33,7 @@ def _preload() -> None:
     import minisgl.kvcache  # noqa: F401
     import minisgl.models  # noqa: F401
     import minisgl.scheduler  # noqa: F401
-    from judge import api, harness, install, registry, sandbox, seccomp, speed, worker  # noqa: F401
+    from judge import api, harness, install, privileges, registry, sandbox, seccomp, speed, worker  # noqa: F401
 
 
 def _load_cases(exercise_id: str, cases_dir) -> None:

@@ -130,6 +130,37 @@ except OSError:
         server.close()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the judge runs as an ordinary user here: no privileges to drop")
+def test_root_keeps_no_power_beyond_files(tmp_path: Path) -> None:
+    # as in a Gradescope container: raw disks, the kernel's parameters, capabilities (each only
+    # opened or read, never written: the test must be harmless where the judge fails it)
+    from judge import privileges
+
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "root", f"""import os as _os, stat as _stat
+_got = []
+for _e in _os.scandir("/dev"):
+    if _stat.S_ISBLK(_e.stat(follow_symlinks=False).st_mode):
+        try:
+            _os.close(_os.open(_e.path, _os.O_RDONLY))
+            _got.append(_e.path)
+        except OSError:
+            pass
+for _p in ("/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/proc/self/oom_score_adj"):
+    try:
+        _os.close(_os.open(_p, _os.O_WRONLY))
+        _got.append(_p)
+    except OSError:
+        pass
+_caps = next(int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("CapEff:"))
+if _caps & ~{privileges.KEPT}:
+    _got.append(hex(_caps))
+open({str(leak)!r}, "w").write(" ".join(_got))
+""")
+    assert grade(EX, path, seed=1, save=False).ok
+    assert leak.read_text() == ""
+
+
 # ---- signals and processes ---------------------------------------------------------------------------
 @needs_scoping
 def test_signals_reach_no_process_outside_the_worker(tmp_path: Path) -> None:
