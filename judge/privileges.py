@@ -5,8 +5,8 @@ root. Landlock and seccomp hold for root too, but root's capabilities reach past
 kernel modules, rebooting, raw I/O, mounts, changing clocks, owners and network settings. A
 worker drops every capability but the two that let it open what Landlock allows whoever owns it
 (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: a checkout owned by another user), for good: from the
-bounding set too, so no program it runs gets them back. For an ordinary user there is nothing to
-drop.
+bounding set too where it may, so no program it runs gets them back. For an ordinary user there
+is nothing to drop.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ def drop() -> Optional[str]:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     for cap in range(_last_cap() + 1):
-        if not (KEPT >> cap) & 1 and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            return f"prctl(PR_CAPBSET_DROP, {cap}) failed (errno {ctypes.get_errno()})"
+        if not (KEPT >> cap) & 1:
+            # needs CAP_SETPCAP, which a container may lack: then no_new_privs (set by the
+            # sandbox and the seccomp filter) alone keeps a program it runs from regaining them
+            libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
     have = effective()
     data = (_Data * 2)()
     for i in range(2):  # 64 capability bits in two 32-bit words
