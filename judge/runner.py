@@ -374,8 +374,16 @@ def _case_event(raw: Dict[str, Any]) -> Dict[str, Any]:
 _TOO_MANY = f"started more than {MAX_PROCS} processes at once (a fork bomb?); all of them were ended"
 
 
-def _fork_bomb(pid: int) -> bool:
-    return len(procs.descendants([pid], procs.table())) > MAX_PROCS
+def _tree(proc: ForkedProc) -> Set[int]:
+    """The worker and everything it started, counting the orphans its keeper (a subreaper) adopted."""
+    root = proc.keeper if procs.alive(proc.keeper, proc.keeper_start) else proc.pid
+    out = procs.descendants([root], procs.table())
+    out.discard(proc.keeper)
+    return out
+
+
+def _fork_bomb(proc: ForkedProc) -> bool:
+    return len(_tree(proc)) > MAX_PROCS
 
 
 def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_limit=STARTUP_S):
@@ -402,7 +410,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             if kind == "fatal":
                 report.fatal = {"status": failure_status(event.get("kind")), "error": clip(str(event.get("error") or ""), TEXT_LIMIT)}
             elif kind == "ready":
-                if _fork_bomb(proc.pid):
+                if _fork_bomb(proc):
                     report.fatal = {"status": Status.ERROR, "error": _TOO_MANY}
                     return False, None
                 fp, skipped = event.get("fingerprint"), event.get("skipped")
@@ -415,7 +423,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             elif kind == "start" and event.get("case") in timeouts:
                 current, started_at = event["case"], time.monotonic()
             elif kind == "done" and event.get("case") in timeouts:
-                if _fork_bomb(proc.pid):  # the case's processes are still there: its result does not count
+                if _fork_bomb(proc):  # the case's processes are still there: its result does not count
                     return False, _ended(Status.ERROR, _TOO_MANY, time.monotonic() - started_at)
                 finished, current = event["case"], None
                 report.results[finished] = _case_event(event)
@@ -447,7 +455,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
         polls += 1
         used = procs.rss_bytes(proc.pid)
         if polls % TREE_EVERY == 0:
-            tree = procs.descendants([proc.pid], procs.table())
+            tree = _tree(proc)
             if len(tree) > MAX_PROCS:
                 result = _ended(Status.ERROR, _TOO_MANY, now - started_at)
                 if current is None:

@@ -184,6 +184,31 @@ open({str(leak)!r}, "w").write(" ".join(map(str, _reached)))
     assert leak.read_text() == ""  # not the keeper, not the fork server, not the judge
 
 
+def test_orphans_count_toward_the_process_limit(tmp_path: Path) -> None:
+    # seventy grandchildren, each orphaned at once (its parent exits): none is the worker's
+    # descendant any more, but all are still its doing
+    from judge.runner import MAX_PROCS
+
+    token = f"orphans-{os.getpid()}-{time.monotonic_ns()}"
+    path = _learner(tmp_path, "orphans", f"""import os as _os, time as _time
+for _ in range({MAX_PROCS + 6}):
+    if _os.fork() == 0:
+        if _os.fork() == 0:
+            _os.execv("/bin/sh", ["sh", "-c", "sleep 600 # {token}"])
+        _os._exit(0)
+    _os.wait()
+_time.sleep(3)
+""")
+    try:
+        result = grade(EX, path, seed=1, save=False)
+        assert result.cases[0].status == "error" and "fork bomb" in result.cases[0].message, str(result)
+        time.sleep(0.5)
+        assert _with_token(token) == []
+    finally:
+        for pid in _with_token(token):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _with_token(token: str) -> list:
     out = []
     for name in os.listdir("/proc"):
