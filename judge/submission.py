@@ -67,11 +67,13 @@ def read(learner: str, path: Path, exercise_id: str) -> Submission:
 
 def _candidates(folder: Path, exercise_id: str) -> List[Path]:
     """Every file in `folder` that may hold the answer, most likely first: `<id>.py` at the top,
-    then in subfolders, then the notebooks (the last by name first). Checkpoint copies are left out."""
+    then in subfolders, then the notebooks (the last by name first, `Untitled*` last of all).
+    Checkpoint copies are left out."""
     names = (f"{exercise_id}.py", f"{exercise_id.replace('-', '_')}.py")
     top = [folder / n for n in names if (folder / n).is_file()]
     nested = sorted(p for n in names for p in folder.rglob(n) if p.parent != folder)  # an upload that kept its folders
     notebooks = sorted(folder.rglob("*.ipynb"), reverse=True)
+    notebooks.sort(key=lambda p: p.name.lower().startswith("untitled"))  # a scratch notebook after the chapters
     found = [p for p in top + nested + notebooks if ".ipynb_checkpoints" not in p.parts]
     return list(dict.fromkeys(found))  # `<id>.py` and `<id_>.py` may be one file on a case-folding disk
 

@@ -321,6 +321,11 @@ def test_several_answers_in_a_folder_warn_and_a_started_one_wins(tmp_path: Path)
     sub = submission.find(folder, EX)
     assert sub.path is not None and sub.path.name == "10_chunked_prefill.ipynb"
     assert sub.warnings and f"{EX}.py" in sub.warnings[0] and "untouched" in sub.warnings[0]
+    # a scratch notebook with an answer of its own comes after a chapter's
+    (folder / f"{EX}.py").unlink()
+    (folder / "Untitled.ipynb").write_text(json.dumps(dict(notebook, cells=[dict(notebook["cells"][0], source=[f"%%judge {EX}\n", WRONG.read_text()])])))
+    sub = submission.find(folder, EX)
+    assert sub.path.name == "10_chunked_prefill.ipynb" and "Untitled.ipynb" in sub.warnings[0], sub.warnings
     alone = tmp_path / "bob"
     alone.mkdir()
     (alone / f"{EX}.py").write_text(SOLUTION.read_text())
