@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -279,9 +280,10 @@ def run_cases(
                 report.fatal = report.fatal or {"status": Status.NOT_RUN, "error": "grading was interrupted"}
                 return report
             attempt += 1
-            out_path = Path(tmp) / f"events-{attempt}.jsonl"
-            err_path = Path(tmp) / f"stderr-{attempt}.txt"
-            job_path = Path(tmp) / f"job-{attempt}.json"
+            tag = f"{attempt}-{secrets.token_hex(8)}"  # names no one can plant ahead (where nothing else keeps them out)
+            out_path = Path(tmp) / f"events-{tag}.jsonl"
+            err_path = Path(tmp) / f"stderr-{tag}.txt"
+            job_path = Path(tmp) / f"job-{tag}.json"
             create_new(job_path, json.dumps({
                 "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
                 "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
@@ -414,8 +416,9 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
                     report.fatal = {"status": Status.ERROR, "error": _TOO_MANY}
                     return False, None
                 fp, skipped = event.get("fingerprint"), event.get("skipped")
-                report.fingerprint = {str(k): str(v) for k, v in fp.items()} if isinstance(fp, dict) else {}
-                report.skipped = [str(x) for x in skipped] if isinstance(skipped, list) else []
+                # sent by the process that runs the learner's code: bounded before any note quotes it
+                report.fingerprint = {clip(str(k), 100): clip(str(v), 200) for k, v in list(fp.items())[:8]} if isinstance(fp, dict) else {}
+                report.skipped = [clip(str(x), 200) for x in skipped[:20]] if isinstance(skipped, list) else []
                 started_at = time.monotonic()
             elif kind == "speed":
                 report.timings = event.get("timings") if isinstance(event.get("timings"), dict) else None
