@@ -131,6 +131,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         result.file = str(sub.path)
+        result.warnings.extend(sub.warnings)  # which of several files was graded: the learner sees it too
         for case in result.cases:
             case.message = case.message.replace(str(copy.resolve()), result.file).replace(str(copy), result.file)
         if not args.no_record:
