@@ -152,6 +152,9 @@ class Zygote:
                     while not (pid_path.exists() and pid_path.read_text().strip()):
                         if time.monotonic() > deadline or proc.poll() is not None:
                             raise RuntimeError("the grading fork server did not start a worker")
+                        server = procs.read(proc.pid)
+                        if server is not None and server.state in ("T", "t"):  # stopped (SIGSTOP): it never will
+                            raise RuntimeError("the grading fork server was stopped")
                         time.sleep(0.005)
                     break
                 except (BrokenPipeError, OSError, RuntimeError) as exc:

@@ -184,6 +184,23 @@ open({str(leak)!r}, "w").write(" ".join(map(str, _reached)))
     assert leak.read_text() == ""  # not the keeper, not the fork server, not the judge
 
 
+def test_a_stopped_fork_server_costs_no_time() -> None:
+    # where signals are not scoped, graded code can SIGSTOP the fork server; here the test does it
+    from judge import runner
+
+    assert grade(EX, SOLUTION, seed=1, save=False).ok  # a fork server is running
+    server = runner.Zygote._procs[False]
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert grade(EX, SOLUTION, seed=1, save=False).ok
+        assert time.monotonic() - t0 < 30  # not the minute a silent server is given
+        assert runner.Zygote._procs[False].pid != server.pid
+    finally:
+        if server.poll() is None:  # replaced servers are killed: this one should be gone
+            os.kill(server.pid, signal.SIGCONT)
+
+
 def test_orphans_count_toward_the_process_limit(tmp_path: Path) -> None:
     # seventy grandchildren, each orphaned at once (its parent exits): none is the worker's
     # descendant any more, but all are still its doing
