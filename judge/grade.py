@@ -97,7 +97,11 @@ def expected_from(jobs: List[CaseJob], ref: WorkerReport, recorded: Optional[Dic
 
 def run_file(ex: Exercise, file: Path, jobs: List[CaseJob], settings: Settings, stop_at_first_failure: Optional[Expected] = None) -> WorkerReport:
     """The file's piece transplanted into the engine, on `jobs`; with `stop_at_first_failure`,
-    the run ends at the first case that does not pass against it (the rest are NOT_RUN)."""
+    the run ends at the first case that does not pass against it (the rest are NOT_RUN).
+
+    The public cases run in workers that never load the hidden ones, and the hidden cases in
+    workers of their own: what the graded code finds in its process's memory (a hidden case's
+    constants) can show only in the hidden cases' own verdicts."""
     on_done = None
     if stop_at_first_failure is not None:
         expected = stop_at_first_failure
@@ -105,7 +109,18 @@ def run_file(ex: Exercise, file: Path, jobs: List[CaseJob], settings: Settings, 
         def on_done(case_id: str, event: Dict[str, Any]) -> bool:
             return decide(event, expected.obs.get(case_id))[0] is not Status.PASS
 
-    return run_cases(ex.id, file, jobs, on_done=on_done, **settings.kw())
+    public = [j for j in jobs if not j.key.startswith(HIDDEN_PREFIX)]
+    hidden = [j for j in jobs if j.key.startswith(HIDDEN_PREFIX)]
+    report = run_cases(ex.id, file, public, on_done=on_done, **dict(settings.kw(), cases_dir=None))
+    if not hidden or report.fatal is not None or len(report.results) < len(public):
+        return report  # nothing hidden, or the file could not be graded, or the run stopped early
+    more = run_cases(ex.id, file, hidden, on_done=on_done, **settings.kw())
+    report.results.update(more.results)
+    if more.fatal is not None:  # it loaded for the public cases: the hidden ones say why they did not run
+        for j in hidden:
+            report.results.setdefault(j.id, {"completed": False, "status": more.fatal["status"], "error": more.fatal["error"],
+                                             "obs": [], "seconds": 0.0})
+    return report
 
 
 def decide(event: Optional[Dict[str, Any]], expected: Optional[List[Dict[str, Any]]]):
@@ -184,7 +199,7 @@ def timing(ex: Exercise, file: Path, settings: Settings, device: str) -> List[st
     if not ex.timed:
         return []
     jobs = [CaseJob(c.key, c.key, None, ex.timeout_for(c)) for c in ex.cases_for_timing()]
-    report = run_cases(ex.id, file, jobs, speed=True, **settings.kw())
+    report = run_cases(ex.id, file, jobs, speed=True, **dict(settings.kw(), cases_dir=None))  # public cases only
     if report.timings is None:
         why = (report.fatal or {}).get("error", "no timings came back")
         return [f"not timed: {why.splitlines()[0]}"]

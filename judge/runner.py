@@ -135,12 +135,11 @@ class Zygote:
         return proc
 
     @classmethod
-    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool,
-              cases_dir: Optional[str] = None) -> ForkedProc:
+    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
         """Start a worker for `job`. A fork server that does not answer (the learner's code may have
         stopped it) is replaced by a new one, once."""
         pid_path = job.with_suffix(".pid")
-        request = json.dumps({"exercise": exercise_id, "cases_dir": cases_dir, "job": str(job), "err": str(err), "pid": str(pid_path),
+        request = json.dumps({"exercise": exercise_id, "job": str(job), "err": str(err), "pid": str(pid_path),
                               "rlimit_as": rlimit_as})
         with cls._lock:  # a keeper is registered before any sweep can take it for a stray
             for attempt in range(2):
@@ -298,8 +297,7 @@ def run_cases(
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
             try:
-                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh,
-                                    str(cases_dir) if cases_dir else None)
+                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
             except RuntimeError as exc:
                 events.close()
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}

@@ -36,13 +36,14 @@ def _preload() -> None:
     from judge import api, harness, install, privileges, registry, sandbox, seccomp, speed, worker  # noqa: F401
 
 
-def _load_cases(exercise_id: str, cases_dir) -> None:
-    """Read an exercise's cases (and an instructor's hidden ones) here, before forking, so every
-    worker has them before any learner code runs (this process never runs learner code)."""
+def _load_cases(exercise_id: str) -> None:
+    """Read an exercise's public cases here, before forking, so every worker has them before any
+    learner code runs (this process never runs learner code). An instructor's hidden cases are
+    read by the workers that run them, and no other: a worker's memory is the learner's to read."""
     from judge import registry
 
     try:
-        registry.load(exercise_id, cases_dir)
+        registry.load(exercise_id)
     except Exception:  # a broken cases.py is reported by the worker that needs it
         pass
 
@@ -110,7 +111,7 @@ def main() -> None:
             continue
         req = json.loads(line)
         if not fresh:
-            _load_cases(req["exercise"], req.get("cases_dir"))
+            _load_cases(req["exercise"])
         if os.fork() == 0:
             _keep(req, fresh)
 

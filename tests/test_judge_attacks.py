@@ -326,6 +326,25 @@ def test_gradescope_names_neither_the_count_nor_the_folder_of_hidden_cases(tmp_p
     assert "hidden cases: 1/1 pass" in told
 
 
+def test_hidden_cases_constants_never_reach_a_public_verdict(tmp_path: Path) -> None:
+    # the graded code looks through its process's modules for the hidden cases' globals and
+    # raises them in a public case, whose verdict learners see at once
+    secret = f"s3cret-{time.monotonic_ns()}"
+    cases_dir = tmp_path / "instructor"
+    (cases_dir / EX).mkdir(parents=True)
+    (cases_dir / EX / "cases.py").write_text(f"SECRET = {secret!r}\n" + HIDDEN)
+    path = tmp_path / "snoop.py"
+    path.write_text(SOLUTION.read_text().replace(BODY, """        import sys
+        for _m in list(sys.modules.values()):
+            if isinstance(getattr(_m, "SECRET", None), str):
+                raise RuntimeError("found " + _m.SECRET)
+""" + BODY))
+    result = grade(EX, path, seed=1, save=False, cases_dir=cases_dir)
+    public = result.part(False)
+    assert public and all(secret not in c.message for c in public), str(result)
+    assert len(result.part(True)) == 1
+
+
 def test_several_answers_in_a_folder_warn_and_a_started_one_wins(tmp_path: Path) -> None:
     from judge import submission
 
