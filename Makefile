@@ -58,12 +58,13 @@ $(STAMP): pyproject.toml $(CPU_LOCK) $(GPU_PINS)
 	@test -x $(PY) || { echo ">> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 ifeq ($(HAS_NVIDIA),yes)
 	@echo ">> installing torch ($(TORCH_GPU)) and minisgl[$(INSTALL_EXTRAS)] (editable) under $(GPU_PINS)"
-	$(PIP) install -q -c $(GPU_PINS) "$(TORCH_GPU)"
+	$(PIP) install -c $(GPU_PINS) "$(TORCH_GPU)"
 	$(PIP) install -q -c $(GPU_PINS) -e ".[$(INSTALL_EXTRAS)]"
 else
-	@echo ">> installing the locked packages ($(CPU_LOCK)) and minisgl[$(INSTALL_EXTRAS)] (editable)"
+	@echo ">> installing the locked packages ($(CPU_LOCK)) and minisgl[$(INSTALL_EXTRAS)] (editable):"
+	@echo "   a few minutes the first time; pip names each package as it goes"
 	@# the lock names every package, so pip skips resolving; `pip check` proves nothing is missing
-	$(PIP) install -q --no-deps -r $(CPU_LOCK)
+	$(PIP) install --no-deps -r $(CPU_LOCK)
 	$(PIP) install -q --no-deps -e ".[$(INSTALL_EXTRAS)]"
 	$(PIP) check
 endif

@@ -4,10 +4,16 @@
   work/<id>.py open in it, and it starts on chapters/index.ipynb;
 - kernels and terminals find this Python (the workbook's .venv, or the conda environment the
   lab runs in) first on the PATH, so `python judge.py ...` works in them as the README says;
-- the chapters as shipped are trusted, so their saved widget views render before a cell runs;
+- the chapters as shipped are trusted, also after a pull or `make fresh` brings a new version
+  while the lab runs, so their saved widget views render before a cell runs;
+- every Python kernel registers `%%judge` as it starts (kernel_startup.py), so an exercise cell
+  works in a fresh or restarted kernel; kernels talk to the server over encrypted sockets;
+- a notebook's kernel shuts down when its tab closes (labconfig/default_setting_overrides.json),
+  and a kernel left with no tab open is shut down after CULL_IDLE_S of idleness;
 - opening a chapter and saving it unrun leave it byte for byte as it was (see
   WorkbookContentsManager), and a chapter you run or edit is saved to your copy in
   work/chapters/ (tools/learner_copies.py), so a reader's git tree stays clean;
+- a link whose text is code looks like a link (custom/custom.css);
 - no first-run questions (the news pop-up is switched off in labconfig/page_config.json).
 
 Your own ~/.jupyter configuration still applies and wins where both set something.
@@ -18,7 +24,11 @@ import os
 import sys
 from pathlib import Path
 
+import zmq
+from jupyter_client.kernelspec import NoSuchKernel
+from jupyter_core.paths import jupyter_config_dir
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 
 
 def _load_learner_copies():
@@ -44,6 +54,10 @@ c.ServerApp.root_dir = str(REPO)
 c.LabApp.default_url = "/lab/tree/chapters/index.ipynb"
 c.LabApp.news_url = None
 c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
+# custom/custom.css beside this file: small fixes to how chapters render (links whose text is code)
+c.LabApp.custom_css = True
+c.ServerApp.tornado_settings = {"static_custom_path": [os.path.join(jupyter_config_dir(), "custom"),
+                                                       str(Path(__file__).resolve().parent / "custom")]}
 
 # Kernels and terminals inherit the server's environment.
 if os.environ.get("PATH", "").split(os.pathsep)[0] != BIN:
@@ -87,8 +101,54 @@ class WorkbookContentsManager(LearnerCopies, AsyncLargeFileManager):
                 pass  # a new notebook, or one without a stored version: keep the kernel's
         return await super().save(model, path)
 
+    def mark_trusted_cells(self, nb, path=""):
+        """A shipped chapter is trusted as it is read, so one that a pull or `make fresh` brought
+        while the lab runs opens trusted too (Jupyter's own rule trusts only what it signed before).
+        Every other notebook, your copies included, keeps that rule: the lab signs what it saves."""
+        if self.reads_shipped(path) and not self.notary.check_signature(nb):
+            self.notary.sign(nb)
+        super().mark_trusted_cells(nb, path)
+
 
 c.ServerApp.contents_manager_class = WorkbookContentsManager
+
+
+KERNEL_STARTUP = Path(__file__).resolve().parent / "kernel_startup.py"
+
+
+class WorkbookKernelManager(AsyncMappingKernelManager):
+    """Starts every ipykernel with kernel_startup.py, which registers `%%judge`: after a restart a
+    learner often runs the exercise cell first."""
+
+    async def start_kernel(self, *, kernel_id=None, path=None, **kwargs):
+        name = kwargs.get("kernel_name") or self.default_kernel_name
+        try:
+            argv = self.kernel_spec_manager.get_kernel_spec(name).argv
+        except NoSuchKernel:  # the server reports it as it always does
+            argv = []
+        if any("ipykernel" in arg for arg in argv):
+            kwargs["extra_arguments"] = [*kwargs.get("extra_arguments", []),
+                                         f"--IPKernelApp.exec_files={KERNEL_STARTUP}"]
+        return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+
+
+c.ServerApp.kernel_manager_class = WorkbookKernelManager
+# Closing a notebook's tab shuts its kernel down (labconfig/default_setting_overrides.json); a kernel
+# whose notebook is no longer open anywhere (a closed window, a crashed browser) still holds its
+# memory, hundreds of MB a chapter: it is shut down once idle this long. An open notebook's kernel
+# and a busy one are never culled.
+CULL_IDLE_S = 15 * 60
+c.MappingKernelManager.cull_idle_timeout = CULL_IDLE_S
+c.MappingKernelManager.cull_interval = 60
+c.MappingKernelManager.cull_connected = False
+c.MappingKernelManager.cull_busy = False
+
+
+# The server hands each kernel CurveZMQ keys when its kernel spec supports them (ipykernel does):
+# its sockets are encrypted, and it no longer warns at start that they are not. (A libzmq built
+# without CURVE would refuse the setting.)
+if zmq.has("curve"):
+    c.MappingKernelManager.transport_encryption = "auto"
 
 
 def _terminal_command() -> list:
@@ -107,22 +167,3 @@ def _terminal_command() -> list:
 
 
 c.ServerApp.terminado_settings = {"shell_command": _terminal_command()}
-
-
-def _trust_chapters() -> None:
-    """What `jupyter trust chapters/*.ipynb` does: sign each notebook not signed yet."""
-    import nbformat
-    from nbformat.sign import NotebookNotary
-
-    notary = NotebookNotary()
-    for path in sorted((REPO / "chapters").glob("*.ipynb")):
-        try:
-            nb = nbformat.read(path, as_version=4)
-        except Exception as exc:  # a notebook mid-edit must not stop the lab
-            print(f"[minisgl] not trusting {path.name}: {exc}", file=sys.stderr)
-            continue
-        if not notary.check_signature(nb):
-            notary.sign(nb)
-
-
-_trust_chapters()

@@ -145,11 +145,12 @@ class Source:
         from pygments.formatters import HtmlFormatter
         from pygments.lexers import PythonLexer
 
-        code = highlight(self.text, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+        code = highlight(self.text, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True, style=_listing_style()))
+        # the caption sits below the code (a negative margin would put it over the last line)
         return (
             '<div class="minisgl-src" style="margin:0.3em 0">'
             f"{code}"
-            '<div style="font-size:85%;color:#666;margin-top:-0.6em">'
+            '<div style="font-size:85%;color:var(--jp-content-font-color2,#666);margin-top:0.2em">'
             f"&mdash; {html.escape(self.caption)}</div></div>"
         )
 
@@ -157,6 +158,38 @@ class Source:
         data = {"text/plain": repr(self), "text/html": self._repr_html_()}
         meta = {"minisgl_show": {"target": self.target, "chapter": self.chapter}}
         return data, meta
+
+
+# JupyterLab's editor colours for pygments' token kinds, beyond those jupyterlab_pygments sets
+_LAB_EXTRA_COLOURS = {"Name.Function": "def", "Name.Class": "def", "Name.Builtin": "builtin",
+                      "Name.Builtin.Pseudo": "builtin", "Name.Decorator": "meta", "Keyword.Constant": "keyword"}
+
+
+@functools.lru_cache(maxsize=1)
+def _listing_style():
+    """A pygments style of JupyterLab's own code colours, which are CSS variables: a listing has
+    the colours of the lab's theme, dark or light. Where the variables are not defined (another
+    notebook viewer), each falls back to pygments' default colour."""
+    from pygments.style import Style
+    from pygments.styles.default import DefaultStyle
+    from pygments.token import string_to_tokentype
+
+    try:
+        from jupyterlab_pygments import JupyterStyle
+    except ImportError:  # no JupyterLab in this environment: its variables would not exist either
+        return DefaultStyle
+    styles = dict(JupyterStyle.styles)
+    for name, kind in _LAB_EXTRA_COLOURS.items():
+        token = string_to_tokentype(name)
+        bold = "bold " if kind == "keyword" else ""
+        styles[token] = f"{bold}var(--jp-mirror-editor-{kind}-color)"
+
+    def with_fallback(token, spec: str) -> str:
+        colour = DefaultStyle.style_for_token(token)["color"]
+        return re.sub(r"var\((--[\w-]+)\)", lambda m: f"var({m.group(1)},#{colour})", spec) if colour else spec
+
+    return type("LabListingStyle", (Style,), {"styles": {t: with_fallback(t, v) for t, v in styles.items()},
+                                              "background_color": None})
 
 
 def _members(body: list) -> list:

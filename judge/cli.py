@@ -37,7 +37,8 @@ def cmd_list(_: argparse.Namespace) -> int:
     print(f"{'exercise':<18} {'ch':>3} {'diff':<5} {'best':<{width}} {'latest':<{width}} title")
     for ex, best, latest in rows:
         print(f"{ex.id:<18} {ex.chapter:>3} {_STARS[ex.difficulty]:<5} {best:<{width}} {latest:<{width}} {ex.title}")
-    print("best: your highest score so far; latest: your last grading (both from .judge/results.json)")
+    print("best: the most cases you have passed so far; latest: your last grading (both from .judge/results.json;"
+          " an untouched starter is not graded, so it replaces neither)")
     return 0
 
 
@@ -101,6 +102,19 @@ def _protected(args: argparse.Namespace) -> List[str]:
     return list(args.protect or []) + outputs
 
 
+def _not_started(args: argparse.Namespace, source: str, where: str) -> bool:
+    """A learner's untouched starter is not graded and not recorded, as in a `%%judge` cell; an
+    instructor's --gradescope / --junit run grades it (every case fails)."""
+    from . import submission
+    from .magic import NotStarted
+
+    if args.gradescope or args.junit or not submission.untouched(source, registry.declared(args.exercise).replaces):
+        return False
+    again = f"run `python judge.py {args.exercise}{' --file ' + args.file if args.file else ''}` again"
+    print(NotStarted(args.exercise, where, again))
+    return True
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -114,6 +128,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
     file = Path(args.file) if args.file else None
     protect = _protected(args)
     if file is None or not (file.is_dir() or file.suffix == ".ipynb"):
+        path = (file or registry.learner_path(args.exercise)).resolve()
+        if _not_started(args, path.read_text() if path.is_file() else "", _rel(path)):
+            return 1
         result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record, protect=protect)
     else:  # a submission folder (an autograder's) or a notebook: the answer is found as grade-all finds it
         sub = submission.find(file, args.exercise) if file.is_dir() else submission.read(file.stem, file, args.exercise)
@@ -123,6 +140,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
             print(f"error: nothing to grade: {sub.reason}", file=sys.stderr)
             _write_outputs(args, None, reason=sub.reason, name=str(file))
             return 2
+        where = _rel(sub.path.resolve()) if sub.path else str(file)
+        if _not_started(args, sub.source, f"the %%judge cell of {where}" if where.endswith(".ipynb") else where):
+            return 1
         tmp = scratch.private_dir("grade")  # the judge's own folder: the graded code reads its copy, nothing beside it
         copy = tmp / f"{args.exercise.replace('-', '_')}.py"
         create_new(copy, sub.source)

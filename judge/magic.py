@@ -1,7 +1,8 @@
 """`%%judge <id>`: grade the code of a notebook cell as the learner's file for exercise <id>.
 
-`book.setup_chapter(n)` registers it in every chapter, so a chapter's `%%judge` cell needs no
-import; elsewhere `import judge` or `%load_ext judge` does the same.
+In the lab every kernel registers it as it starts (.jupyter/kernel_startup.py), so an exercise
+cell works even in a freshly restarted kernel; `book.setup_chapter(n)` registers it too, for a
+chapter run elsewhere (nbclient, VS Code); anywhere else `import judge` or `%load_ext judge` does.
 """
 
 from __future__ import annotations
@@ -30,19 +31,22 @@ def _parse(line: str) -> tuple[str, int | None]:
 
 
 class NotStarted:
-    """What a `%%judge` cell that still holds the starter shows: nothing graded, nothing recorded."""
+    """What grading an untouched starter shows, in a cell or a terminal: nothing graded, nothing
+    recorded, so a run of the starter never replaces the learner's latest result."""
 
-    def __init__(self, exercise_id: str) -> None:
-        self.exercise = exercise_id
+    def __init__(self, exercise_id: str, where: str = CELL, again: str = "run the cell again") -> None:
+        self.exercise, self.where, self.again = exercise_id, where, again
 
     def __str__(self) -> str:
-        return (f"{self.exercise}: not started. This cell still holds the starter (every piece raises NotImplementedError), "
-                f"so it was not graded and your progress is unchanged. Write the pieces and run the cell again.")
+        return (f"{self.exercise}: not started. {self.where[0].upper() + self.where[1:]} still holds the starter "
+                f"(every piece raises NotImplementedError), so it was not graded and your progress is unchanged. "
+                f"Write the pieces and {self.again}.")
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return f"<div style='color:#57606a'><b>{html.escape(self.exercise)}</b>: {html.escape(str(self).split(': ', 1)[1])}</div>"
+        return (f"<div style='color:var(--jp-content-font-color2, #57606a)'><b>{html.escape(self.exercise)}</b>: "
+                f"{html.escape(str(self).split(': ', 1)[1])}</div>")
 
 
 def judge_cell(line: str, cell: str) -> GradeResult | NotStarted:

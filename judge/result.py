@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import List, Optional
 
 
@@ -129,12 +131,31 @@ class GradeResult:
     def first_failure(self) -> Optional[CaseResult]:
         return next((c for c in self.cases if not c.passed), None)
 
-    def _hint_line(self) -> str:
+    def _hint_number(self) -> int:
         bad = self.first_failure()
-        if bad is None:
+        return (bad.hint or 1) if bad is not None else 0
+
+    def _hint_line(self) -> str:
+        n = self._hint_number()
+        if not n:
             return ""
-        n = bad.hint or 1
         return f"hint: `python judge.py hint {self.exercise} {n}` (or exercises/{self.exercise}/hints.md, hint {n})"
+
+    def _hint_html(self) -> str:
+        """The hint line for a notebook: the command as code, hints.md as a link the lab opens
+        (relative to the kernel's folder, which is the notebook's)."""
+        n = self._hint_number()
+        if not n:
+            return ""
+        hints = Path(__file__).resolve().parents[1] / "exercises" / self.exercise / "hints.md"
+        href = os.path.relpath(hints, os.getcwd()).replace(os.sep, "/")
+        return (f"<div>hint: <code>python judge.py hint {html.escape(self.exercise)} {n}</code> (or "
+                f"<a href='{html.escape(href)}'>exercises/{html.escape(self.exercise)}/hints.md</a>, hint {n})</div>")
+
+    def _points_line(self) -> str:
+        """Why points can differ from the count of passing cases."""
+        return (f"points: {self.points:g}/{self.max_points:g} (what a course grades: a case is worth 1 point unless "
+                f"exercise.toml weighs it, and a randomised case's seeds share its points)")
 
     def __str__(self) -> str:
         lines = [f"{self.exercise}: grading {self.file}"]
@@ -147,13 +168,13 @@ class GradeResult:
             lines.append("hidden cases (the instructor's):")
             for c in hidden:
                 lines += c.lines()
-        verdict = "all cases pass" if self.ok else "not yet"
-        lines.append(f"score: {self.passed}/{self.total} ({verdict})")
+        verdict = "all pass" if self.ok else "not yet"
+        lines.append(f"score: {self.passed}/{self.total} cases pass ({verdict})")
         if hidden:
             public = self.part(False)
             lines.append(f"  public {sum(c.passed for c in public)}/{len(public)}, hidden {sum(c.passed for c in hidden)}/{len(hidden)}")
         if self.max_points != self.total:
-            lines.append(f"points: {self.points:g}/{self.max_points:g}")
+            lines.append(self._points_line())
         lines += [f"speed: {s}" for s in self.speed]
         if not self.ok:
             lines.append(self._hint_line())
@@ -177,12 +198,15 @@ class GradeResult:
                 f"<td>{html.escape(c.name)}</td><td style='text-align:left'>{detail}</td><td>{c.seconds:.1f} s</td></tr>"
             )
         color = _COLOR[Status.PASS] if self.ok else _COLOR[Status.FAIL]
-        notes = "".join(f"<div style='color:#57606a'>{html.escape(n)}</div>" for n in self.notes)
+        notes = "".join(f"<div style='color:var(--jp-content-font-color2, #57606a)'>{html.escape(n)}</div>" for n in self.notes)
         notes += "".join(f"<div style='color:{_COLOR[Status.FAIL]}'><b>warning:</b> {html.escape(w)}</div>" for w in self.warnings)
         speed = "".join(f"<div><b>speed:</b> {html.escape(s)}</div>" for s in self.speed)
-        hint = "" if self.ok else f"<div>{html.escape(self._hint_line())}</div>"
+        hint = "" if self.ok else self._hint_html()
+        points = f", {self.points:g}/{self.max_points:g} points"
+        if self.max_points != self.total:
+            points += f"<div style='color:var(--jp-content-font-color2, #57606a)'>{html.escape(self._points_line())}</div>"
         return (
             f"<div><b>{html.escape(self.exercise)}</b>: <span style='color:{color};font-weight:bold'>"
-            f"{self.passed}/{self.total} cases pass</span>{notes}"
+            f"{self.passed}/{self.total} cases pass</span>{points}{notes}"
             f"<table><tr><th>verdict</th><th>kind</th><th>case</th><th>details</th><th>time</th></tr>{''.join(rows)}</table>{speed}{hint}</div>"
         )

@@ -300,7 +300,7 @@ class BaseAttnMetadata:
 @dataclass
 class BaseCacheHandle:
     """A prefix cache's receipt for a matched prefix: `cached_len` tokens whose slots the cache
-    owns (the radix cache subclasses it). Declared here, with the `Req` that holds one, so that the
+    owns (a cache that needs more subclasses it). Declared here, with the `Req` that holds one, so that the
     prefix caches build on this module and not the other way round."""
 
     cached_len: int

@@ -10,6 +10,7 @@ reproducible and independent of the batch a request lands in; degenerate samplin
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -131,9 +132,39 @@ def test_prompt_longer_than_the_model_context_is_refused():
 
 def test_request_larger_than_the_kv_pool_is_refused(tiny):
     small = build_llm(TINY_QWEN3, max_seq_len=64, num_pages=4, page_size=4)  # 16 tokens of KV
-    with pytest.raises(InvalidRequestError, match="KV memory"):
+    with pytest.raises(InvalidRequestError, match="KV pool holds 16 tokens"):
         small.generate([list(range(100, 120))], SamplingParams(max_tokens=2))
     small.assert_all_free()
+
+
+def _follow(message: str, n: int, max_tokens: int) -> tuple[int, int]:
+    """The (prompt length, max_tokens) a user who does what `message` says would send next."""
+    if m := re.search(r"lower max_tokens to at most (\d+)", message):
+        return n, int(m.group(1))
+    if m := re.search(r"shorten the prompt to at most (\d+) tokens", message):
+        return int(m.group(1)), max_tokens
+    m = re.search(r"together they are at most (\d+)", message)
+    assert m, f"the refusal names no fix: {message}"
+    return int(m.group(1)) - 1, 1
+
+
+CONTEXT_64 = {"max_seq_len": 64, "num_pages": 64, "page_size": 4}  # the context is the limit
+POOL_16 = {"max_seq_len": 64, "num_pages": 4, "page_size": 4}  # 16 tokens of KV are the limit
+
+
+@pytest.mark.parametrize("limits,n,max_tokens", [
+    (CONTEXT_64, 60, 10), (CONTEXT_64, 64, 8), (CONTEXT_64, 70, 70),
+    (POOL_16, 20, 2), (POOL_16, 10, 30), (POOL_16, 17, 17),
+])
+def test_every_refusal_of_a_long_request_names_a_fix_that_is_accepted(limits, n, max_tokens):
+    llm = build_llm(TINY_QWEN3, **limits)
+    with pytest.raises(InvalidRequestError) as refused:
+        llm.validate(list(range(100, 100 + n)), SamplingParams(max_tokens=max_tokens))
+    n2, max2 = _follow(str(refused.value), n, max_tokens)
+    assert n2 >= 1 and max2 >= 1
+    out = llm.generate([list(range(100, 100 + n2))], SamplingParams(max_tokens=max2, ignore_eos=True))
+    assert len(out[0].token_ids) == max2
+    llm.assert_all_free()
 
 
 def test_empty_prompt_is_refused(tiny):

@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 
 def manager(num_pages=8, page_size=4, rows=3, width=32, cache="naive") -> CacheManager:
-    prefix = NaivePrefixCache(CPU) if cache == "naive" else RadixPrefixCache(page_size, CPU)
+    prefix = NaivePrefixCache(1, CPU) if cache == "naive" else RadixPrefixCache(page_size, CPU)
     return CacheManager(num_pages, page_size, prefix, torch.full((rows + 1, width), -1, dtype=torch.int32))
 
 
@@ -73,7 +73,7 @@ def test_pages_freed_on_the_gpu_count_at_once_and_come_back_without_a_wait():
     stall the host until every launched step ends): the pages count as free immediately, and an
     allocation that needs them waits for their copy."""
     dev = torch.device("cuda")
-    cm = CacheManager(8, 4, NaivePrefixCache(dev), torch.full((4, 32), -1, dtype=torch.int32, device=dev))
+    cm = CacheManager(8, 4, NaivePrefixCache(1, dev), torch.full((4, 32), -1, dtype=torch.int32, device=dev))
     reqs = [make_req(list(range(n)), row=i, uid=i) for i, n in enumerate([5, 9])]
     cm.allocate(reqs)
     for r in reqs:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import multiprocessing
 import subprocess
 import sys
@@ -197,3 +198,46 @@ def test_readme_chapter_table_lists_every_chapter_with_its_exercises() -> None:
         assert sorted(ids) == sorted(by_chapter.get(n, [])), f"README: chapter {n}'s exercises"
     for ex_id in registry.exercise_ids():
         assert (REPO / "exercises" / ex_id / "README.md").is_file()
+
+
+def test_the_terminal_treats_an_untouched_starter_as_the_cell_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """README step 3 on a starter: "not started", nothing graded, the learner's latest result kept."""
+    from judge import cli
+    from judge.magic import judge_cell
+
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(registry, "WORK_DIR", tmp_path / "work")
+    progress.record(_result(4, file="this cell"), when="d1")
+    assert cli.main(["start", "req-lengths"]) == 0
+    capsys.readouterr()
+    assert cli.main(["req-lengths"]) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("req-lengths: not started.") and "work/req-lengths.py still holds the starter" in said
+    assert "your progress is unchanged" in said and "score" not in said
+    starter = registry.learner_path("req-lengths").read_text()
+    assert "your progress is unchanged" in str(judge_cell("req-lengths", starter))  # the cell says the same
+    assert progress.load()["req-lengths"].latest == progress.Attempt(4, 4, "this cell", "d1")
+
+
+def test_a_grading_explains_points_and_links_the_hints() -> None:
+    cases = [CaseResult("a", "unit", "pass", weight=0.5), CaseResult("b", "unit", "fail", weight=0.5, hint=2),
+             CaseResult("c", "unit", "pass")]
+    result = GradeResult("req-lengths", "this cell", "cpu", cases)
+    text, page = str(result), result._repr_html_()
+    assert "score: 2/3 cases pass (not yet)" in text and "points: 1.5/2 (what a course grades" in text
+    assert "2/3 cases pass</span>, 1.5/2 points" in page and "what a course grades" in page  # the cell shows points too
+    assert "<code>python judge.py hint req-lengths 2</code>" in page and "`" not in page  # no literal backticks
+    link = re.search(r"<a href='([^']+)'>exercises/req-lengths/hints.md</a>", page)
+    assert link and (Path.cwd() / link.group(1)).resolve() == REPO / "exercises" / "req-lengths" / "hints.md"
+
+
+def test_listings_take_the_themes_colours_and_their_caption_sits_below(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dark theme must not get light-theme colours (dark blue and grey on black): the listing's
+    colours are JupyterLab's CSS variables, each with a fallback for other viewers."""
+    monkeypatch.syspath_prepend(str(REPO / "chapters"))
+    import book
+
+    page = book.source("minisgl.core:Req.complete_one", 1)._repr_mimebundle_()[0]["text/html"]
+    colours = re.findall(r"color: ?([^;\"]+)", page)
+    assert colours and all(c.startswith("var(--jp-") for c in colours), colours  # nothing fixed to one theme
+    assert "var(--jp-mirror-editor-keyword-color,#" in page and "margin-top:-" not in page

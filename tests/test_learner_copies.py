@@ -95,6 +95,7 @@ def test_running_and_editing_leave_git_clean_and_a_pull_brings_new_chapters(work
     assert copies.state("02_layers.ipynb", learner) == "outdated"
     cells = asyncio.run(manager.get("chapters/02_layers.ipynb"))["content"]["cells"]
     assert cells[0]["metadata"] == {copies.NOTE_KEY: True} and "make fresh N=02" in cells[0]["source"]
+    assert "`make fresh N=02`" in copies.describe("02_layers.ipynb", learner)  # the listing names the chapter too
     assert cells[2]["source"] == "y = 3  # mine"
     # saving does not store the note; `fresh` puts the copy aside and the new chapter opens
     asyncio.run(manager.save({"type": "notebook", "format": "json",

@@ -138,7 +138,7 @@ def test_auto_resolves_among_what_the_stage_holds(chapter, attention, graphs):
     assert got == {"device": "cuda", "attention": attention, "graphs": graphs}
 
 
-def test_explicit_flashinfer_in_a_stage_without_it_says_which_chapter_adds_it():
+def test_explicit_flashinfer_in_a_stage_without_it_says_what_is_missing_and_what_to_use():
     stage = stages.build(6)
     code = (
         "import sys, torch; sys.path.insert(0, sys.argv[1])\n"
@@ -150,4 +150,39 @@ def test_explicit_flashinfer_in_a_stage_without_it_says_which_chapter_adds_it():
     )
     proc = stages.run_python(code, [str(stage)], timeout=120)
     assert proc.returncode != 0
-    assert "ValueError" in proc.stderr and "chapter 17 adds it" in proc.stderr
+    assert "ValueError" in proc.stderr and "holds no minisgl.attention.flashinfer_backend; use 'auto' or 'torch'" in (
+        proc.stderr)
+
+
+# ---- each idea arrives in its own chapter --------------------------------------------------------
+@pytest.mark.parametrize("chapter", range(1, stages.LAST_CHAPTER + 1))
+def test_no_file_of_a_stage_names_an_idea_of_a_later_chapter(chapter):
+    found = stages.later_ideas(chapter)
+    assert not found, f"stage {chapter} shows code that names later chapters' ideas (path, chapter, word): {found}"
+
+
+def test_the_idea_check_catches_a_file_that_names_a_later_idea():
+    manifest = stages.load_manifest()
+    assert 11 in manifest.ideas and "OverlapMixin" in manifest.ideas[11]
+    text = (ROOT / "minisgl/scheduler/scheduler.py").read_text()
+    bad = {"minisgl/scheduler/scheduler.py": text + "\n# see OverlapMixin\n"}
+    assert stages.later_ideas(7, manifest, bad) == [("minisgl/scheduler/scheduler.py", 11, "OverlapMixin")]
+    assert stages.later_ideas(12, manifest, bad) == []  # by chapter 12 overlap has been taught
+
+
+def test_each_stage_composes_the_scheduler_from_the_ideas_taught_so_far():
+    """The offline LLM of stage N is the scheduler with the mixins of chapters up to N."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n"
+        "from minisgl.scheduler import scheduler_extensions\n"
+        "print(','.join(scheduler_extensions()))\n"
+    )
+    want = {7: "", 10: "chunked_prefill", 11: "chunked_prefill,overlap",
+            13: "chunked_prefill,overlap,structured_output,logprobs",
+            16: "chunked_prefill,overlap,structured_output,logprobs,tensor_parallel"}
+    for chapter, names in want.items():
+        proc = stages.run_python(code, [str(stages.build(chapter))], timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1:] == ([names] if names else []) or (
+            not names and proc.stdout.strip() == ""), (chapter, proc.stdout)

@@ -74,6 +74,8 @@ def test_chapter_memory_reports_a_kernels_peak(tmp_path):
     assert result["error"] is None
     assert 400 * 2**20 <= result["kernel"] <= result["tree"] < 2 * 2**30
     assert result["per_run"] == [result["kernel"]]  # the peak after the one run is the kernel's peak
+    (big,) = memory.biggest(result["cells"], 1)  # the cell that allocated is named, and it gave the memory back
+    assert big.index == 0 and big.peak >= 350 * 2**20 and big.held < 100 * 2**20 and big.first_line == "import numpy as np"
     broken = tmp_path / "02_broken.ipynb"
     nb.cells = [nbformat.v4.new_code_cell("raise ValueError('no')")]
     nbformat.write(nb, broken)

@@ -4,6 +4,8 @@
     python tools/chapter_memory.py              # every chapters/NN_*.ipynb (`make memory`)
     python tools/chapter_memory.py 07 10        # only these chapters
     python tools/chapter_memory.py --runs 2     # Run All twice in the same kernel, as a learner might
+    python tools/chapter_memory.py 05 --cells 3 # and the three cells that raised its memory most
+                                                # (always named for a chapter over the limit)
 
 One line a chapter: the kernel's peak resident set (VmHWM, read from /proc when the last cell has
 run) and the peak of the kernel together with every process it started (servers, tensor-parallel
@@ -19,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -74,27 +76,47 @@ class Sampler(threading.Thread):
         return self.peak_kib
 
 
+class CellMemory(NamedTuple):
+    index: int  # the cell's position in the notebook
+    first_line: str
+    held: int  # bytes: how much more the kernel holds after the cell than before it
+    peak: int  # bytes: how much the cell raised the kernel's peak
+
+
+def biggest(cells: List[CellMemory], n: int) -> List[CellMemory]:
+    """The n cells that raised the kernel's peak most (then: that left it holding most)."""
+    return sorted(cells, key=lambda c: (c.peak, c.held), reverse=True)[:n]
+
+
 def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, object]:
     """Run a notebook `runs` times in one fresh kernel; its peaks in bytes (`per_run`: the kernel's
-    peak so far at the end of each run) and any error."""
+    peak so far at the end of each run), what each cell of the first run added (`cells`) and any error."""
     import nbformat
+    import zmq
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=False,
                             resources={"metadata": {"path": str(path.parent)}})
+    client.km = client.create_kernel_manager()
+    if zmq.has("curve") and client.km.has_trait("transport_encryption"):
+        client.km.transport_encryption = "auto"  # as in the lab: encrypted sockets, no warning per kernel
     error, kernel_kib, tree_kib = None, 0, 0
     start = time.perf_counter()
     with client.setup_kernel():
         pid = client.km.provisioner.pid
         sampler = Sampler(pid)
         sampler.start()
-        index, per_run = None, []
+        index, per_run, cells = None, [], []
         try:
-            for _ in range(runs):
+            for run in range(runs):
                 for index, cell in enumerate(nb.cells):
+                    before = (_status_kib(pid, "VmRSS"), _status_kib(pid, "VmHWM"))
                     client.execute_cell(cell, index)
+                    if run == 0 and cell.cell_type == "code":
+                        held, peak = _status_kib(pid, "VmRSS") - before[0], _status_kib(pid, "VmHWM") - before[1]
+                        cells.append(CellMemory(index, (cell.source.strip().splitlines() or [""])[0][:60], held * 1024, peak * 1024))
                 per_run.append(_status_kib(pid, "VmHWM") * 1024)
         except CellExecutionError as e:
             last = (e.evalue or "").strip().splitlines()
@@ -107,7 +129,7 @@ def measure(path: Path, runs: int = 1, cell_timeout: int = 600) -> Dict[str, obj
             kernel_kib = _status_kib(pid, "VmHWM")
             tree_kib = sampler.stop()
     return {"name": path.stem, "kernel": kernel_kib * 1024, "tree": max(tree_kib, kernel_kib) * 1024,
-            "per_run": per_run, "seconds": time.perf_counter() - start, "error": error}
+            "per_run": per_run, "cells": cells, "seconds": time.perf_counter() - start, "error": error}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -116,6 +138,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="Run All this many times in the same kernel (default 1)")
     ap.add_argument("--limit-gb", type=float, default=1.5, help="a kernel's allowed peak, in GiB (default 1.5)")
     ap.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
+    ap.add_argument("--cells", type=int, default=0, metavar="N",
+                    help="also name each chapter's N cells that raised its kernel's peak most (default: 3 for a "
+                         "chapter over the limit, none for the others)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
@@ -133,6 +158,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         run1 = f"  {r['per_run'][0] / GIB:7.2f} GiB" if args.runs > 1 and r["per_run"] else " " * len(first)
         print(f"{r['name']:<{width}}{run1}  {r['kernel'] / GIB:8.2f} GiB  {r['tree'] / GIB:12.2f} GiB"
               f"  {r['seconds']:7.0f}{flag}{'  ' + r['error'] if r['error'] else ''}", flush=True)
+        for c in biggest(r["cells"], max(args.cells, 3) if big else args.cells):  # over the limit: say where
+            print(f"    cell {c.index:3d}: peak +{c.peak / GIB:.2f} GiB, holds +{c.held / GIB:.2f} GiB  {c.first_line}", flush=True)
     print(f"{len(notebooks)} chapters, {args.runs} run(s) each: {over} over {args.limit_gb:g} GiB, {failed} failed")
     return 1 if over or failed else 0
 

@@ -101,8 +101,13 @@ def put_aside(name: str, root: Path = REPO) -> Optional[Path]:
     return dest
 
 
+def chapter_number(name: str) -> str:
+    """What `make fresh N=...` takes for a chapter: "07" for 07_scheduler.ipynb, "index" for the index."""
+    return name[:2] if name[:2].isdigit() else Path(name).stem
+
+
 def note_cell(name: str) -> dict:
-    n = name[:2] if name[:2].isdigit() else name
+    n = chapter_number(name)
     return {"cell_type": "markdown", "id": "minisgl-note", "metadata": {NOTE_KEY: True},
             "source": (f"**This chapter has changed since you started it.** You are reading your copy, "
                        f"`work/chapters/{name}`, kept because you edited it. `make fresh N={n}` puts "
@@ -129,6 +134,11 @@ class LearnerCopies:
 
     def _name_of(self, path: str) -> Optional[str]:
         return self._chapter_name(super()._get_os_path(path))
+
+    def reads_shipped(self, path: str) -> bool:
+        """Is `path` a shipped chapter that the lab reads as shipped (you have no copy of it)?"""
+        name = self._name_of(path)
+        return name is not None and not copy_of(name, self._root()).is_file()
 
     async def get(self, path, content=True, type=None, format=None, **kwargs):
         name = self._name_of(path)
@@ -157,6 +167,16 @@ class LearnerCopies:
         return await super().save(model, path)
 
 
+_WORDS = {"shipped": "shipped (no copy of yours)", "yours": "your copy",
+          "outdated": "your copy; the chapter changed since (`make fresh N={n}` for the new one)",
+          "stale": "your copy holds only outputs of an older version: the lab opens the new one"}
+
+
+def describe(name: str, root: Path = REPO) -> str:
+    """A chapter's line in the listing: whose copy the lab opens, and what to run if it is outdated."""
+    return _WORDS[state(name, root)].format(n=chapter_number(name))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Your copies of the chapters (work/chapters/).")
     sub = parser.add_subparsers(dest="command")
@@ -174,11 +194,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{wanted[0]}: your copy is now {dest.relative_to(REPO)}; the lab opens the shipped chapter"
               if dest else f"{wanted[0]}: you have no copy; the lab already opens the shipped chapter")
         return 0
-    words = {"shipped": "shipped (no copy of yours)", "yours": "your copy",
-             "outdated": "your copy; the chapter changed since (`make fresh N=..` for the new one)",
-             "stale": "your copy holds only outputs of an older version: the lab opens the new one"}
     for name in names:
-        print(f"{name:32} {words[state(name)]}")
+        print(f"{name:32} {describe(name)}")
     return 0
 
 

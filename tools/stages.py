@@ -26,7 +26,7 @@ try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -61,6 +61,7 @@ class Entry:
 class Manifest:
     titles: Dict[int, str]
     entries: Dict[str, Entry]
+    ideas: Dict[int, Tuple[str, ...]] = field(default_factory=dict)  # chapter -> what names its idea
 
     def stage(self, n: int, root: Path = REPO) -> List[Entry]:
         """Entries introduced up to chapter n whose file exists, in manifest order."""
@@ -74,6 +75,7 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
     data = tomllib.loads(path.read_text())
     titles: Dict[int, str] = {}
     entries: Dict[str, Entry] = {}
+    ideas: Dict[int, Tuple[str, ...]] = {}
 
     def add(p: str, chapter: int, explained: int) -> None:
         if p in entries:
@@ -88,13 +90,15 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
             raise ManifestError(f"chapter {n} is outside 1..{LAST_CHAPTER}")
         ch = data["chapter"][key]
         titles[n] = ch.get("title", "")
+        if ch.get("ideas"):
+            ideas[n] = tuple(ch["ideas"])
         for p in ch.get("files", []):
             add(p, n, n)
         for p, k in ch.get("early", {}).items():
             if not n < k <= LAST_CHAPTER:
                 raise ManifestError(f"{p}: brought in early in chapter {n} but explained in {k}")
             add(p, n, int(k))
-    return Manifest(titles, entries)
+    return Manifest(titles, entries, ideas)
 
 
 def package_files(root: Path = REPO) -> List[str]:
@@ -223,6 +227,37 @@ def _stage_contents(n: int, manifest: Manifest) -> Dict[str, str]:
         arrives = manifest.entries[init].chapter if init in manifest.entries else LAST_CHAPTER
         out[init] = stub_init(d.replace("/", "."), n, arrives)
     return dict(sorted(out.items()))
+
+
+def _without_reexports(text: str) -> str:
+    """An __init__'s text without its imports and `__all__`."""
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    for node in tree.body:
+        reexport = isinstance(node, (ast.Import, ast.ImportFrom)) or (
+            isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+        if reexport:
+            lines[node.lineno - 1 : node.end_lineno] = [""] * (node.end_lineno - node.lineno + 1)
+    return "\n".join(lines)
+
+
+def later_ideas(n: int, manifest: Optional[Manifest] = None,
+                contents: Optional[Dict[str, str]] = None) -> List[Tuple[str, int, str]]:
+    """(path, chapter, word) for every file of stage n, explained by chapter n or before, whose
+    text (as the stage holds it) names an idea of a later chapter. `contents`: the stage's files
+    (default: built from the manifest)."""
+    manifest = manifest or load_manifest()
+    contents = _stage_contents(n, manifest) if contents is None else contents
+    found = []
+    for path, text in contents.items():
+        entry = manifest.entries.get(path)
+        if entry is not None and entry.explained_in > n:
+            continue  # brought in early: it belongs to its own chapter's ideas
+        if path.endswith("/__init__.py"):
+            text = _without_reexports(text)  # naming what the stage holds is what an __init__ is for
+        for chapter, words in sorted(manifest.ideas.items()):
+            found += [(path, chapter, w) for w in words if chapter > n and w in text]
+    return found
 
 
 def _fingerprint(contents: Dict[str, str]) -> str:

@@ -1,8 +1,8 @@
 """Pick an attention backend by name.
 
 "auto" takes the fastest one the package and the machine can run: on CUDA with FlashInfer installed,
-the Triton-decode backend (chapter 19) where the package has it, else FlashInfer (chapter 17); else
-torch, the reference path that runs everything.
+the Triton-decode backend where the package has it, else FlashInfer; else torch, the reference
+path that runs everything. The GPU backends are optional modules, imported only when chosen.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from minisgl.utils import package_has
 from .base import BaseAttnBackend
 from .torch_backend import TorchAttnBackend
 
-FLASHINFER_MODULE = "minisgl.attention.flashinfer_backend"  # arrives in chapter 17
-TRITON_DECODE_MODULE = "minisgl.attention.triton_decode_backend"  # arrives in chapter 19
+FLASHINFER_MODULE = "minisgl.attention.flashinfer_backend"
+TRITON_DECODE_MODULE = "minisgl.attention.triton_decode_backend"
 BACKENDS = ("auto", "torch", "flashinfer", "triton-decode")
 
 
@@ -26,8 +26,7 @@ def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = t
                          head_dim: int = 128) -> str:
     if name != "auto":
         return name
-    # a staged package (the package as of an earlier chapter) lacks the GPU backends: "auto"
-    # chooses among what the package holds
+    # "auto" chooses among the backends this package holds
     if package_has(FLASHINFER_MODULE) and importlib.util.find_spec("flashinfer") is not None:
         from .flashinfer_backend import flashinfer_problem  # the backend knows what its kernels run
 
@@ -42,11 +41,9 @@ def create_attention_backend(name: str, kv_cache: MHAKVCache, page_table: torch.
         return TorchAttnBackend(kv_cache, page_table, kwargs.get("pad_slot", 0))
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    module, chapter = (FLASHINFER_MODULE, 17) if name == "flashinfer" else (TRITON_DECODE_MODULE, 19)
+    module = FLASHINFER_MODULE if name == "flashinfer" else TRITON_DECODE_MODULE
     if not package_has(module):
-        raise ValueError(f"attention_backend={name!r}: this package has no such backend yet (chapter {chapter} adds "
-                         "it); "
-                         "use 'auto' or 'torch'")
+        raise ValueError(f"attention_backend={name!r}: this package holds no {module}; use 'auto' or 'torch'")
     if name == "flashinfer":
         from .flashinfer_backend import FlashInferAttnBackend
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Callable, Dict, NamedTuple
 
 import torch
 
@@ -62,3 +62,21 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def check_integrity(self) -> None:
         """Raise AssertionError if the cache's internal bookkeeping is inconsistent."""
+
+
+# The prefix caches by name, each registered by the module that defines it: (page_size, device) -> cache
+PREFIX_CACHES: Dict[str, Callable[[int, torch.device], BasePrefixCache]] = {}
+
+
+def register_prefix_cache(name: str) -> Callable[[type], type]:
+    """Class decorator: make a prefix cache available as `SchedulerConfig(prefix_cache=name)`."""
+    def register(cls: type) -> type:
+        PREFIX_CACHES[name] = cls
+        return cls
+    return register
+
+
+def create_prefix_cache(kind: str, page_size: int, device: torch.device) -> BasePrefixCache:
+    if kind not in PREFIX_CACHES:
+        raise ValueError(f"unknown prefix cache {kind!r}: choose one of {', '.join(sorted(PREFIX_CACHES))}")
+    return PREFIX_CACHES[kind](page_size, device)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from .base import BaseCacheHandle, BasePrefixCache, MatchResult
+from .base import BaseCacheHandle, BasePrefixCache, MatchResult, register_prefix_cache
 
 
+@register_prefix_cache("naive")
 class NaivePrefixCache(BasePrefixCache):
     keeps_prefixes = False
 
-    def __init__(self, device: torch.device):
+    def __init__(self, page_size: int, device: torch.device):
         self._empty = torch.empty(0, dtype=torch.int32, device=device)
 
     def match_prefix(self, input_ids: torch.Tensor) -> MatchResult:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .base import BaseCacheHandle, BasePrefixCache, MatchResult
+from .base import BaseCacheHandle, BasePrefixCache, MatchResult, register_prefix_cache
 
 
 @dataclass(eq=False)
@@ -48,6 +48,7 @@ def _common_len(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+@register_prefix_cache("radix")
 class RadixPrefixCache(BasePrefixCache):
     def __init__(self, page_size: int, device: torch.device):
         self.page_size = page_size

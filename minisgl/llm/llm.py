@@ -10,8 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from minisgl.core import InvalidRequestError, Req, SamplingParams
-from minisgl.scheduler import Scheduler, SchedulerConfig
-from minisgl.scheduler.tp import TensorParallelMixin
+from minisgl.scheduler import SchedulerConfig, scheduler_bases
 from minisgl.utils.misc import build_config
 from minisgl.utils.tokenizer import NO_CHAT_TEMPLATE, has_chat_template, has_tokenizer, load_tokenizer
 
@@ -32,14 +31,11 @@ class RequestOutput:
     top_logprobs: List[Tuple[Tuple[int, float], ...]] = field(default_factory=list)
 
 
-class LLM(TensorParallelMixin, Scheduler):
+class LLM(*scheduler_bases()):
     """Generate text offline.
 
     >>> llm = LLM()                                     # the bundled model
     >>> llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].text
-
-    With `tp_size=N` the model is split over N processes (this one is rank 0); call
-    `llm.shutdown()` to stop them (they also stop when this object is collected or at exit).
     """
 
     def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None,

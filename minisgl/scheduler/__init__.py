@@ -1,4 +1,13 @@
 from .config import SchedulerConfig
-from .scheduler import ForwardResult, Scheduler, StepTrace
+from .scheduler import ForwardResult, Scheduler, StepTrace, extends_scheduler, scheduler_bases, scheduler_extensions
 
-__all__ = ["Scheduler", "SchedulerConfig", "ForwardResult", "StepTrace"]
+# each module below registers its mixin over `Scheduler` (`extends_scheduler`); the later, the outer
+from .chunked import ChunkedPrefillMixin
+from .overlap import OverlapMixin
+from .structured import StructuredOutputMixin
+from .logprobs import LogprobMixin
+from .tp import TensorParallelMixin
+
+__all__ = ["Scheduler", "SchedulerConfig", "ForwardResult", "StepTrace", "extends_scheduler", "scheduler_bases",
+           "scheduler_extensions", "ChunkedPrefillMixin", "OverlapMixin", "StructuredOutputMixin", "LogprobMixin",
+           "TensorParallelMixin"]

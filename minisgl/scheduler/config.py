@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from minisgl.engine.config import EngineConfig
+from minisgl.kvcache import PREFIX_CACHES
 from minisgl.env import ENV
 
 from .prefill import SCHEDULE_POLICIES
@@ -13,26 +14,29 @@ def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
     """Raise ValueError unless the policy exists and the prefix cache can serve it."""
     if schedule_policy not in SCHEDULE_POLICIES:
         raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
-    if schedule_policy == "lpm" and prefix_cache != "radix":
-        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs "
-                         "prefix_cache='radix'")
+    keeps = getattr(PREFIX_CACHES.get(prefix_cache), "keeps_prefixes", False)
+    if schedule_policy == "lpm" and not keeps:
+        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs a prefix cache "
+                         f"that keeps prefixes (prefix_cache='radix'); got {prefix_cache!r}")
 
 
-PREFIX_CACHES = ("radix", "naive")
+def default_prefix_cache() -> str:
+    """The radix cache where the package has it, else the naive one."""
+    return "radix" if "radix" in PREFIX_CACHES else "naive"
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """what runs when: batching, the prefix cache, chunked prefill, overlap"""
+    """what runs when: batching, prefix reuse, the prefill budget, overlap"""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    prefix_cache: str = field(default="radix", metadata={
-        "choices": PREFIX_CACHES, "aliases": ("cache_type",),
-        "help": "radix reuses shared prompt prefixes; naive reuses nothing"})
+    prefix_cache: str = field(default_factory=default_prefix_cache, metadata={
+        "choices": tuple(sorted(PREFIX_CACHES)), "aliases": ("cache_type",),
+        "help": "the prefix cache by name: radix reuses shared prompt prefixes; naive reuses nothing"})
     # None is resolved in __post_init__, to a budget suited to the device, so that one long
     # prompt never makes a step of many seconds
     max_extend_tokens: Optional[int] = field(default=None, metadata={
-        "help": "prefill token budget per step; longer prompts are chunked; default: on a GPU 8192 for a server, "
+        "help": "prefill token budget per step; default: on a GPU 8192 for a server, "
                 "16384 offline; on the CPU 256 for a server, 4096 offline"})
     schedule_policy: str = field(default="fcfs", metadata={
         "choices": tuple(SCHEDULE_POLICIES),
@@ -53,7 +57,8 @@ class SchedulerConfig:
             budget = default_extend_budget(self.engine.torch_device.type, self.offline)
             object.__setattr__(self, "max_extend_tokens", budget)
         if self.prefix_cache not in PREFIX_CACHES:
-            raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHES)}; got {self.prefix_cache!r}")
+            raise ValueError(f"prefix_cache must be one of {', '.join(sorted(PREFIX_CACHES))}; "
+                             f"got {self.prefix_cache!r}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")

@@ -3,7 +3,7 @@
 `SchedulerIO` only adds the edges to `Scheduler`; the loop body is the same `step()` the
 offline `LLM` runs. Tokens produced during one step are sent together, as one message, after
 the step -- a decode step of 64 requests is one send, not 64. Like `LLM`, it can lead
-tensor-parallel ranks (`tp_size > 1`, chapter 16): only this process talks to the tokenizer.
+tensor-parallel ranks (`tp_size > 1`): only this process talks to the tokenizer.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from minisgl.message import (
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .config import SchedulerConfig
-from .scheduler import Scheduler
-from .tp import TensorParallelMixin
+from .scheduler import scheduler_bases
 
 
-class SchedulerIO(TensorParallelMixin, Scheduler):
+class SchedulerIO(*scheduler_bases()):
     def __init__(self, config: SchedulerConfig, recv_addr: str, send_addr: str):
         super().__init__(config)
         self.recv_queue = ZmqPullQueue(recv_addr, bind=True)

@@ -1,10 +1,12 @@
 """The scheduler: receive, schedule, prepare, forward, process results.
 
-It owns every resource a request holds (a table row, KV pages, a prefix-cache lock) through its
-managers, and frees them in one place, `_free`, once per request. With overlap scheduling the
-step that launches batch N+1 processes batch N's results afterwards, so the CPU's bookkeeping
-hides behind the GPU's work; a request that finishes in N may still ride in N+1, and is freed
-only when no launched batch refers to it.
+It owns every resource a request holds (a table row, KV pages) through its managers, and frees
+them in one place, `_free`, once per request. Each step launches one batch and reads its tokens
+before the next: whole prompts are prefilled first, then the running requests decode together.
+
+Later ideas do not edit this loop. Each is a mixin that overrides a few of its methods and
+registers itself with `extends_scheduler`; `scheduler_bases()` stacks every registered mixin
+over `Scheduler`, and the front ends (`LLM`, the server's scheduler process) are built on it.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch
 
 from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
-from minisgl.engine import Engine, SamplerOutput, make_sampling_plan
-from minisgl.engine.grammar import GrammarManager
+from minisgl.engine import Engine, make_sampling_plan
+from minisgl.engine.sample import SamplerOutput, SamplingPlan
 from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import div_ceil
 
@@ -51,23 +53,13 @@ class StepTrace:
 @dataclass
 class ForwardResult:
     batch: Batch
-    sampled: List[bool]  # False for a prompt chunk: its token is thrown away
+    sampled: List[bool]  # False for a row whose prompt is not computed to its end: no output yet
     next_tokens: torch.Tensor  # [bs] on the CPU, valid once `done` has fired
     done: Optional[torch.cuda.Event]
     uids: frozenset = field(default_factory=frozenset)
-    logprobs: Optional[SamplerOutput] = None  # host copies of the log-probabilities, when asked
-    _logprob_lists: Optional[tuple] = field(default=None, repr=False)
-
-    def logprob_lists(self) -> tuple:
-        """(chosen logprob per row, top ids per row, top logprobs per row) as Python lists,
-        converted once per batch (after `done`)."""
-        if self._logprob_lists is None:
-            out = self.logprobs
-            self._logprob_lists = (out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist())
-        return self._logprob_lists
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
+def to_host(t: torch.Tensor) -> torch.Tensor:
     """Start copying a device tensor to the host (page-locked, so it is asynchronous)."""
     if t.device.type != "cuda":
         return t
@@ -86,56 +78,42 @@ class Scheduler:
         prefix_cache = create_prefix_cache(config.prefix_cache, self.engine.page_size, self.device)
         self.cache = CacheManager(self.engine.num_pages, self.engine.page_size, prefix_cache, self.engine.page_table)
         self.decode = DecodeManager()
-        self.grammar = GrammarManager(config.engine.model_path, self.engine.model_config.vocab_size, self.eos_ids)
-        self.prefill = PrefillManager(self.table, self.cache, config.max_extend_tokens, config.schedule_policy)
+        self.prefill = self.make_prefill_manager()
         self.live: Dict[int, Req] = {}  # admitted and not yet freed
-        self.unprocessed: List[ForwardResult] = []  # launched, results not read yet
         self.trace: List[StepTrace] = []
         self._step = 0
-        self._decode_turn = False  # the last step prefilled part of a prompt: decode next
         self._uids = itertools.count()
         self._seed_rng = random.Random(config.engine.seed)
+
+    def make_prefill_manager(self) -> PrefillManager:
+        return PrefillManager(self.table, self.cache, self.config.max_extend_tokens, self.config.schedule_policy)
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
         """One turn of the main loop, after receiving: schedule, prepare, forward, process."""
-        if self.grammar.active:  # a grammar's next bitmask needs the last token on the host
-            for older in list(self.unprocessed):
-                self.process_results(older)
         self.launch_and_read()
         if self.config.check_integrity:
             self.check_integrity()
 
     def launch_and_read(self) -> None:
-        """Schedule and launch the next batch, then read launched results: with overlap, every
-        one but the batch just launched (batch N is read while N+1 runs); without, its own."""
+        """Schedule and launch the next batch, then read its tokens."""
         batch = self.schedule_next_batch()
-        result = self.launch(batch) if batch is not None else None
-        if self.config.overlap:
-            # read batch N's tokens only after N+1 is on its way
-            for older in [r for r in self.unprocessed if r is not result]:
-                self.process_results(older)
-        elif result is not None:
-            self.process_results(result)
+        if batch is not None:
+            self.process_results(self.launch(batch))
 
     @property
     def is_idle(self) -> bool:
-        return not (self.prefill.pending or self.prefill.chunked or self.decode.running or self.unprocessed)
+        return not (self.prefill.has_work or self.decode.running)
 
     # ---- requests in -------------------------------------------------------------------------
     def validate(self, input_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError, with the fix, for a request that can never run."""
         n = len(input_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token")
         if n + params.max_tokens > self.max_seq_len:
-            if n < self.max_seq_len:
-                fix = f"shorten the prompt or lower max_tokens to at most {self.max_seq_len - n}"
-            else:
-                fix = f"shorten the prompt to at most {self.max_seq_len - 1} tokens"
-            raise InvalidRequestError(
-                f"prompt has {n} tokens and max_tokens is {params.max_tokens}, but the context is "
-                f"{self.max_seq_len} tokens: {fix}"
-            )
+            raise InvalidRequestError(too_long(n, params.max_tokens, self.max_seq_len,
+                                               f"the context is {self.max_seq_len} tokens"))
         if params.min_tokens > params.max_tokens:
             raise InvalidRequestError(f"min_tokens ({params.min_tokens}) is larger than max_tokens "
                                       f"({params.max_tokens})")
@@ -144,13 +122,20 @@ class Scheduler:
             if any(t >= vocab for t in ids):
                 raise InvalidRequestError(f"{name} names token {max(ids)}, but the model's vocabulary has {vocab} "
                                           f"tokens (ids 0..{vocab - 1})")
+        if unserved := self.unserved(params):
+            raise InvalidRequestError(f"this engine cannot honour {', '.join(unserved)}: leave "
+                                      f"{'it' if len(unserved) == 1 else 'them'} unset")
+        pool_tokens = self.cache.num_pages * self.cache.page_size
         if div_ceil(n + params.max_tokens - 1, self.cache.page_size) > self.cache.num_pages:
-            raise InvalidRequestError(
-                f"prompt ({n}) plus max_tokens ({params.max_tokens}) needs more KV memory than the pool "
-                f"holds ({self.cache.num_pages * self.cache.page_size} tokens)"
-            )
-        if params.json_mode != "off":
-            self.grammar.compile(params)  # a schema xgrammar cannot use is refused here (compiled once, cached)
+            # the last token's KV is never written: prompt plus max_tokens may reach pool_tokens + 1
+            raise InvalidRequestError(too_long(n, params.max_tokens, pool_tokens + 1,
+                                               f"the KV pool holds {pool_tokens} tokens"))
+
+    def unserved(self, params: SamplingParams) -> List[str]:
+        """The fields `params` sets that this scheduler cannot honour (the mixins that can take
+        theirs out), so that no request runs with a wish silently dropped."""
+        asked = {"json_mode": params.json_mode != "off", "logprobs": params.logprobs >= 0}
+        return [name for name, on in asked.items() if on]
 
     def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams,
                     uid: Optional[int] = None) -> int:
@@ -159,13 +144,11 @@ class Scheduler:
         self.validate(ids, params)
         uid = next(self._uids) if uid is None else uid
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(31)
-        self.grammar.add(uid, params)  # a JSON request's matcher, from the grammar validate compiled
         self.prefill.add(PendingReq(uid, ids, params, seed))
         return uid
 
     def abort_request(self, uid: int) -> None:
         if self.prefill.remove_pending(uid) is not None:
-            self.grammar.release(uid)
             self.on_finish_unstarted(uid, "abort")
             return
         req = self.live.get(uid)
@@ -183,23 +166,14 @@ class Scheduler:
 
     # ---- schedule and prepare ---------------------------------------------------------------
     def schedule_next_batch(self) -> Optional[Batch]:
-        """Prefill first (it shortens waiting), but a prefill step that leaves a prompt half done
-        is followed by a decode step: while a long prompt is chunked, every running request
-        still gets a token at least every other step. (A rule of the scheduler's own state
-        only, so tensor-parallel ranks make the same choice.)"""
-        if self._decode_turn:
-            self._decode_turn = False
-            batch = self.decode.schedule_next_batch()
-            if batch is not None:
-                return batch
-        if not self.prefill.pending and self.prefill.chunked is None:
+        """Prefill first (it shortens waiting), else decode every running request."""
+        if not self.prefill.has_work:
             return self.decode.schedule_next_batch()  # nothing to admit: skip the page count
         reserved = sum(self.cache.pages_to_finish(r) for r in self.live.values() if not r.finished)
         batch = self.prefill.schedule_next_batch(reserved)
         if batch is not None:
             for r in batch.reqs:
                 self.live[r.uid] = r
-            self._decode_turn = self.prefill.chunked is not None
             return batch
         return self.decode.schedule_next_batch()
 
@@ -229,72 +203,72 @@ class Scheduler:
         batch.last_indices = packed[2 * n :]
         batch.padded_size = batch.size
 
+    def sampling_plan(self, batch: Batch, bitmask: Optional[torch.Tensor] = None) -> Optional[SamplingPlan]:
+        """What the sampler does to this batch's logits (None: plain greedy); `bitmask`, when given,
+        the tokens each row may take (`[bs, ceil(vocab / 32)]` int32 on the host)."""
+        return make_sampling_plan(batch.reqs, self.engine.model_config.vocab_size, self.device,
+                                  self.table.token_pool, self.eos_ids, bitmask)
+
     def launch(self, batch: Batch) -> ForwardResult:
+        """Prepare and run one batch; its tokens start on their way to the host."""
         self.prepare(batch)
         self.trace.append(StepTrace(self._step, batch.phase, [r.uid for r in batch.reqs],
                                     [r.extend_len for r in batch.reqs], [r.cached_len for r in batch.reqs]))
         self._step += 1
         sampled = [not r.is_chunk for r in batch.reqs]
-        plan = make_sampling_plan(batch.reqs, self.engine.model_config.vocab_size, self.device, self.table.token_pool,
-                                  self.eos_ids, self.grammar.fill(batch.reqs))
-        out = self.engine.forward_batch(batch, plan)  # moves each ledger on
+        out = self.engine.forward_batch(batch, self.sampling_plan(batch))  # moves each ledger on
         if batch.phase == "prefill":  # the next step's admissions may reuse these prompts
             for r in batch.reqs:
                 self.cache.cache_prompt(r)
-        next_tokens = out.tokens
-        # the sampled token goes where the next step will read it, without a host round trip
-        keep = [i for i, s in enumerate(sampled) if s]
-        if keep:
-            where = torch.tensor([keep, [batch.reqs[i].table_idx for i in keep],
-                                  [batch.reqs[i].device_len - 1 for i in keep]])
-            if self.device.type == "cuda":
-                where = where.pin_memory()
-            where = where.to(self.device, non_blocking=True)
-            kept = next_tokens if len(keep) == len(sampled) else next_tokens[where[0]]
-            self.table.token_pool[where[1], where[2]] = kept
+        self._store_tokens(batch, sampled, out.tokens)
         self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
-        logprobs = None
-        if out.logprobs is not None:
-            logprobs = SamplerOutput(next_tokens, _to_host(out.logprobs), _to_host(out.top_ids),
-                                     _to_host(out.top_logprobs))
-        host, done = _to_host(next_tokens), None
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-        result = ForwardResult(batch, sampled, host, done, frozenset(r.uid for r in batch.reqs), logprobs)
-        self.unprocessed.append(result)
+        result = self.make_result(batch, sampled, out)
+        if self.device.type == "cuda":  # fires once every copy to the host started above is done
+            result.done = torch.cuda.Event()
+            result.done.record()
         return result
+
+    def make_result(self, batch: Batch, sampled: List[bool], out: SamplerOutput) -> ForwardResult:
+        """The record of a launched batch that `process_results` reads, its host copies started."""
+        return ForwardResult(batch, sampled, to_host(out.tokens), None, frozenset(r.uid for r in batch.reqs))
+
+    def _store_tokens(self, batch: Batch, sampled: List[bool], tokens: torch.Tensor) -> None:
+        """Write each sampled token where the next step reads it, without a host round trip."""
+        keep = [i for i, s in enumerate(sampled) if s]
+        if not keep:
+            return
+        where = torch.tensor([keep, [batch.reqs[i].table_idx for i in keep],
+                              [batch.reqs[i].device_len - 1 for i in keep]])
+        if self.device.type == "cuda":
+            where = where.pin_memory()
+        where = where.to(self.device, non_blocking=True)
+        kept = tokens if len(keep) == len(sampled) else tokens[where[0]]
+        self.table.token_pool[where[1], where[2]] = kept
 
     # ---- process results --------------------------------------------------------------------
     def process_results(self, result: ForwardResult) -> None:
         """Read one launched batch: wait for its tokens and give each request its own. A request
-        that finished after the batch was launched gets nothing, and is freed once no launched
-        batch refers to it; a prompt chunk's token is thrown away."""
-        self.unprocessed.remove(result)
+        finished since the batch was launched (aborted) gets nothing."""
         if result.done is not None:
             result.done.synchronize()
         tokens = result.next_tokens.tolist()
         for i, (req, sampled, token) in enumerate(zip(result.batch.reqs, result.sampled, tokens)):
-            if req.finished:  # finished earlier (or aborted); this step's work is thrown away
-                self._free_if_idle(req)
-                continue
-            if not sampled:
-                continue
-            self.accept_token(result, i, token)
+            if sampled and not req.finished:
+                self.accept_token(result, i, token)
 
     def accept_token(self, result: ForwardResult, i: int, token: int) -> None:
-        """The `i`-th request of `result`'s batch receives `token`: append it on the host (with
-        its log-probabilities, when the request asked for them), tell `on_token`, and finish the
-        request if the token ends it."""
+        """The `i`-th request of `result`'s batch receives `token`: take it on the host, tell
+        `on_token`, and finish the request if the token ends it."""
         req = result.batch.reqs[i]
-        req.append_host(token)
-        if result.logprobs is not None and req.sampling_params.logprobs >= 0:
-            chosen, top_ids, top_logprobs = result.logprob_lists()
-            req.append_logprobs(chosen[i], tuple(zip(top_ids[i], top_logprobs[i]))[: req.sampling_params.logprobs])
+        self.take_token(result, i, token)
         reason = self._finish_reason(req, token)
         self.on_token(req, token, reason)
         if reason is not None:
             self._finish(req, reason, notify=False)
+
+    def take_token(self, result: ForwardResult, i: int, token: int) -> None:
+        """Record `token` in the ledger of the `i`-th request of `result`'s batch."""
+        result.batch.reqs[i].append_host(token)
 
     def _finish_reason(self, req: Req, token: int) -> Optional[str]:
         sp = req.sampling_params
@@ -307,22 +281,13 @@ class Scheduler:
     def _finish(self, req: Req, reason: str, notify: bool = True) -> None:
         req.finished, req.finish_reason = True, reason
         self.decode.remove(req)
-        if self.prefill.chunked is req:
-            self.prefill.chunked = None
         if notify:
             self.on_token(req, None, reason)
-        self._free_if_idle(req)
-
-    def _free_if_idle(self, req: Req) -> None:
-        """Free now unless a launched batch still refers to the request's row and pages."""
-        if any(req.uid in r.uids for r in self.unprocessed):
-            return
         self._free(req)
 
     def _free(self, req: Req) -> None:
         """The one place a request's resources go back: pages (or cache), lock, and row."""
         assert self.live.pop(req.uid, None) is req, f"request {req.uid} freed twice"
-        self.grammar.release(req.uid)
         self.cache.release(req)
         self.table.free(req.table_idx)
 
@@ -339,3 +304,40 @@ class Scheduler:
         assert self.table.available_size == self.table.max_running_reqs
         assert self.cache.free_pages + self.cache.prefix_cache.size // self.cache.page_size == self.cache.num_pages
         assert self.cache.prefix_cache.protected_size == 0, "a finished request still locks a prefix"
+
+
+def too_long(n: int, max_tokens: int, limit: int, why: str) -> str:
+    """The refusal of a prompt of `n` tokens with `max_tokens` when the two may add up to at most
+    `limit`, with a fix that is accepted when followed."""
+    head = f"prompt has {n} tokens and max_tokens is {max_tokens}, but {why}"
+    if n < limit:
+        return f"{head}: lower max_tokens to at most {limit - n}, or shorten the prompt"
+    if max_tokens < limit:
+        return f"{head}: shorten the prompt to at most {limit - max_tokens} tokens"
+    return f"{head}: shorten the prompt and lower max_tokens so that together they are at most {limit}"
+
+
+# ---- extensions ---------------------------------------------------------------------------------
+S = TypeVar("S", bound=type)
+_EXTENSIONS: List[Tuple[str, type]] = []  # (name, mixin), in the order they registered
+
+
+def extends_scheduler(name: str) -> Callable[[S], S]:
+    """Class decorator: register a mixin over `Scheduler`. A mixin registered later sits in front
+    of (overrides) those registered before it; registering a name again replaces its mixin."""
+    def register(cls: S) -> S:
+        _EXTENSIONS[:] = [(n, c) for n, c in _EXTENSIONS if n != name]
+        _EXTENSIONS.append((name, cls))
+        return cls
+    return register
+
+
+def scheduler_bases() -> Tuple[type, ...]:
+    """The bases of a complete scheduler: every registered mixin, last registered first, then
+    `Scheduler`. A front end is `class Front(FrontMixin, *scheduler_bases())`."""
+    return (*(cls for _, cls in reversed(_EXTENSIONS)), Scheduler)
+
+
+def scheduler_extensions() -> List[str]:
+    """The names of the registered mixins, in registration order."""
+    return [n for n, _ in _EXTENSIONS]

@@ -32,7 +32,7 @@ from minisgl.distributed.split import check_tp_split
 from minisgl.models import ModelConfig
 
 from .config import SchedulerConfig
-from .scheduler import ForwardResult, Scheduler
+from .scheduler import ForwardResult, extends_scheduler, scheduler_bases
 
 READY_TIMEOUT_S = 600.0  # building a large model on a slow disk can take minutes
 
@@ -44,6 +44,7 @@ def rank_config(config: SchedulerConfig, rank: int) -> SchedulerConfig:
     return replace(config, engine=replace(engine, tp_rank=rank, device=rank_device(engine.device, rank)))
 
 
+@extends_scheduler("tensor_parallel")
 class TensorParallelMixin:
     """Put in front of `Scheduler` in a class's bases. With `tp_size == 1` it does nothing; on
     rank 0 of a larger group it starts the other ranks and mirrors requests to them."""
@@ -163,8 +164,8 @@ def _stop(workers: RankProcesses) -> None:
     destroy_tp_group()
 
 
-class _Follower(TensorParallelMixin, Scheduler):
-    """A rank > 0: a plain scheduler whose tokens go nowhere (rank 0 reports them)."""
+class _Follower(*scheduler_bases()):
+    """A rank > 0: the same scheduler as rank 0's, whose tokens go nowhere (rank 0 reports them)."""
 
     def apply(self, command: Command) -> None:
         if command[0] == "add":

@@ -4,7 +4,7 @@ A request with ``n`` choices (or a list of prompts) becomes one engine request p
 differ only in the seed (`protocol.choice_seed`). So that they share the prompt's KV instead of
 each computing it, the prompt is first run once on its own with one token to generate: when that
 finishes its KV is in the radix cache, and every choice then finds all of the prompt there but
-the last token (chapter 9).
+the last token.
 
 `Choice` collects one choice's replies -- text, token log-probabilities, timings -- and makes its
 chunks for `sse_events`: the chunk maker reads the log-probabilities of the reply that

@@ -28,9 +28,8 @@ def align_up(a: int, b: int) -> int:
 def package_has(module: str) -> bool:
     """Is `module` (e.g. "minisgl.engine.graph") part of the package being run?
 
-    A staged build of the package (the package as of chapter N) holds only the files its
-    chapters introduced, so every "auto" choice (attention backend, CUDA graphs) asks this before
-    reaching for a module a later chapter brings in, instead of failing with ModuleNotFoundError.
+    The GPU-only modules are optional: every "auto" choice (attention backend, CUDA graphs) asks
+    this before reaching for one, instead of failing with ModuleNotFoundError.
     """
     try:
         return importlib.util.find_spec(module) is not None

@@ -22,3 +22,11 @@ for p, n, o in zip(prompts, lengths, outs):
     assert o.token_ids == hf_greedy(path, p, n), (p, o.token_ids)
 llm.assert_all_free()
 print([o.token_ids for o in outs])
+
+# whole prompts: a prompt longer than the prefill budget is still computed in one step
+whole = LLM(config=SchedulerConfig(engine=cfg.engine, prefix_cache="naive", overlap=False, max_extend_tokens=8))
+long_prompt = [(7 * i) % 200 + 1 for i in range(30)]
+out = whole.generate([long_prompt], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+assert [t.extend_lens for t in whole.trace if t.phase == "prefill"] == [[30]], whole.trace
+assert out.token_ids == hf_greedy(path, long_prompt, 3)
+whole.assert_all_free()
