@@ -17,7 +17,8 @@ def run(overlap: bool):
     unread = []  # launched batches not read yet, seen at each read
     process = llm.process_results
     llm.process_results = lambda result: (unread.append(len(llm.unprocessed)), process(result))
-    outs = llm.generate([[1, 2, 3], [9, 8, 7, 6], [5]], [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 3, 5)])
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 3, 5)]
+    outs = llm.generate([[1, 2, 3], [9, 8, 7, 6], [5]], params)
     llm.assert_all_free()
     # with overlap, every read but the last finds the next step already launched
     assert max(unread) == (2 if overlap else 1) and unread[-1] == 1, unread
