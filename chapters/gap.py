@@ -48,7 +48,8 @@ class Feature:
 FEATURES = (
     Feature("paged KV, continuous batching", "yes", "yes", "yes",
             has=("sym:minisgl.scheduler.cache:CacheManager.pages_to_finish", "sym:minisgl.scheduler.decode:DecodeManager", "flag:--page-size")),
-    Feature("prefix cache (radix tree)", "yes", "yes", "yes", has=("sym:minisgl.kvcache.radix_cache:RadixPrefixCache", "flag:--prefix-cache")),
+    # minisgl and SGLang keep a radix tree of tokens; vLLM hashes whole blocks: all three reuse a cached prompt's KV
+    Feature("prefix cache (tree or block hashes)", "yes", "yes", "yes", has=("sym:minisgl.kvcache.radix_cache:RadixPrefixCache", "flag:--prefix-cache")),
     Feature("chunked prefill", "yes", "yes", "yes", has=("sym:minisgl.scheduler.prefill:PrefillAdder.continue_chunk", "flag:--max-extend-tokens")),
     Feature("overlap of host and device", "yes", "yes", "yes", has=("field:minisgl.scheduler:SchedulerConfig.overlap", "flag:--disable-overlap")),
     Feature("CUDA graphs, tensor parallelism", "yes", "yes", "yes",

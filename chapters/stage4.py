@@ -171,6 +171,23 @@ def gpu_results(heading: str, path: str = RESULTS) -> Quoted:
     return Quoted(f"not measured: `{path}` has no section or line \"{heading}\"")
 
 
+def tried_not_kept(*names: str, path: str = RESULTS) -> Quoted:
+    """The entries of the results file's "Tried and not kept:" list that contain one of `names`
+    (each entry as committed, with its measured outcome), one a line; raises when one is missing,
+    so a chapter cannot cite an idea the results do not list."""
+    text = (REPO / path).read_text()
+    start = text.index("Tried and not kept:") + len("Tried and not kept:")
+    paragraph = " ".join(text[start:].split("\n\n")[0].split())
+    entries = [e.strip().rstrip(".") for e in paragraph.split(";")]
+    found = []
+    for name in names:
+        hits = [e for e in entries if name in e]
+        if not hits:
+            raise ValueError(f"{path} lists nothing tried and not kept that mentions {name!r}")
+        found += [h for h in hits if h not in found]
+    return Quoted(f"tried and not kept (`{path}`):\n" + "\n".join(f"- {e}" for e in found))
+
+
 # ---- chapter 18: CUDA graphs, emulated on the CPU ----------------------------------------------
 class EmulatedGraph:
     """Stands in for `torch.cuda.CUDAGraph` where there is no GPU. A real graph records kernels
