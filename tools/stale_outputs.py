@@ -110,7 +110,7 @@ def stale_cells(stored_nb: Mapping, fresh_nb: Mapping, patterns: Optional[Patter
     reproduce. The two must have the same cells (a fresh run of the stored notebook)."""
     patterns = load_patterns() if patterns is None else patterns
     stored, fresh = stored_nb["cells"], fresh_nb["cells"]
-    if [c.get("source") for c in stored] != [c.get("source") for c in fresh]:
+    if [_text(c.get("source")) for c in stored] != [_text(c.get("source")) for c in fresh]:
         raise ValueError("the two notebooks do not have the same cells")
     found = []
     for i, (s, f) in enumerate(zip(stored, fresh)):
@@ -122,9 +122,20 @@ def stale_cells(stored_nb: Mapping, fresh_nb: Mapping, patterns: Optional[Patter
     return found
 
 
+def _stored_order(value, key: str = ""):
+    """Keys sorted, as nbformat writes them, except an output's mime bundle (`data`), which keeps
+    the kernel's order (plain text first), as the chapters are stored."""
+    if isinstance(value, dict):
+        keys = list(value) if key == "data" else sorted(value)
+        return {k: _stored_order(value[k], k) for k in keys}
+    if isinstance(value, list):
+        return [_stored_order(v) for v in value]
+    return value
+
+
 def save_notebook(nb: Mapping, path: Path) -> None:
-    """As the chapters are stored: one-space indent, keys in the order the kernel gave them."""
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    """As the chapters are stored: one-space indent, keys sorted but for the mime bundles."""
+    path.write_text(json.dumps(_stored_order(nb), indent=1, ensure_ascii=False) + "\n")
 
 
 def execute(path: Path, cell_timeout: int = 600, kernel: str = "python3") -> Tuple[Optional[dict], Optional[str]]:
@@ -143,7 +154,9 @@ def execute(path: Path, cell_timeout: int = 600, kernel: str = "python3") -> Tup
         return None, f"{e.ename}: {(e.evalue or '').strip().splitlines()[-1:]}"
     except (CellTimeoutError, DeadKernelError) as e:
         return None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1:]}"
-    return json.loads(json.dumps(nb)), None  # plain dicts, keys in the order the kernel sent them
+    from nbformat.v4.rwbase import split_lines
+
+    return json.loads(json.dumps(split_lines(nb))), None  # as stored: texts in lines, keys in the kernel's order
 
 
 def main(argv: Optional[List[str]] = None) -> int:
