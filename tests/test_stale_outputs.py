@@ -72,6 +72,12 @@ def test_images_and_ignored_cells_are_not_compared():
         so.stale_cells(stored, new_notebook(cells=[_cell("other")]), PATTERNS)
 
 
+def test_a_figure_sent_once_or_twice_is_the_same_output():
+    picture = new_output("display_data", data={"text/plain": "<Figure size 1100x560 with 1 Axes>", "image/png": "AAAA"})
+    bare = new_output("display_data", data={"text/plain": "<Figure size 1100x560 with 1 Axes>"})
+    assert so.first_difference(so.comparable([picture], PATTERNS), so.comparable([picture, bare], PATTERNS)) is None
+
+
 def test_html_counts_only_where_there_is_no_plain_text():
     shown = _result("def f(): ...", **{"text/html": "<div>old colours</div>"})
     again = _result("def f(): ...", **{"text/html": "<div>new colours</div>"})
