@@ -78,6 +78,12 @@ def test_a_figure_sent_once_or_twice_is_the_same_output():
     assert so.first_difference(so.comparable([picture], PATTERNS), so.comparable([picture, bare], PATTERNS)) is None
 
 
+def test_a_markdown_output_is_compared_by_its_markdown():
+    table = _result("<IPython.core.display.Markdown object>", **{"text/markdown": "| 21 | - |"})
+    grown = _result("<IPython.core.display.Markdown object>", **{"text/markdown": "| 21 | decode-floor |"})
+    assert so.first_difference(so.comparable([table], PATTERNS), so.comparable([grown], PATTERNS))
+
+
 def test_html_counts_only_where_there_is_no_plain_text():
     shown = _result("def f(): ...", **{"text/html": "<div>old colours</div>"})
     again = _result("def f(): ...", **{"text/html": "<div>new colours</div>"})
@@ -89,23 +95,26 @@ def test_html_counts_only_where_there_is_no_plain_text():
 
 def test_under_nbval_a_stale_cell_fails_and_in_a_notebook_not_yet_refreshed_warns(tmp_path: Path):
     """The plugin itself, in a copy of the layout: two notebooks whose second cell saved '3' but
-    prints 4, one of them (index.ipynb) on the plugin's list of notebooks not yet refreshed."""
+    prints 4, one of them added to the plugin's list of notebooks not yet refreshed."""
     (tmp_path / "tools").mkdir()
     shutil.copy(REPO / "tools" / "stale_outputs.py", tmp_path / "tools")
     chapters = tmp_path / "chapters"
     chapters.mkdir()
-    for f in ("conftest.py", "nbval_sanitize.cfg"):
-        shutil.copy(REPO / "chapters" / f, chapters)
-    for name in ("21_stale.ipynb", "index.ipynb"):
+    shutil.copy(REPO / "chapters" / "nbval_sanitize.cfg", chapters)
+    plugin = (REPO / "chapters" / "conftest.py").read_text()
+    marker = "NOT_YET_REFRESHED = frozenset({"
+    assert marker in plugin
+    (chapters / "conftest.py").write_text(plugin.replace(marker, marker + '"99_not_refreshed.ipynb", '))
+    for name in ("21_stale.ipynb", "99_not_refreshed.ipynb"):
         nb = new_notebook(cells=[_cell("import time; print(f'{time.time() % 1:.3f} s')", _stdout("0.123 s\n")),
                                  _cell("print(2 + 2)", _stdout("3\n"))])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, chapters / name)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
                           "--nbval-sanitize-with", str(chapters / "nbval_sanitize.cfg"), "-W", "default",
-                          str(chapters / "21_stale.ipynb"), str(chapters / "index.ipynb")],
+                          str(chapters / "21_stale.ipynb"), str(chapters / "99_not_refreshed.ipynb")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "1 failed, 3 passed" in out, out
     assert "FAILED chapters/21_stale.ipynb::Cell 1" in out, out
-    assert "StaleOutputWarning: index.ipynb, Cell 1: the saved output is stale (line 1: saved 'stdout: 3' / fresh 'stdout: 4')" in out, out
+    assert "StaleOutputWarning: 99_not_refreshed.ipynb, Cell 1: the saved output is stale (line 1: saved 'stdout: 3' / fresh 'stdout: 4')" in out, out

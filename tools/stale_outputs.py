@@ -7,8 +7,8 @@
     python tools/stale_outputs.py 22 --fresh /tmp/executed    # compare with copies already executed
                                                               # (tools/run_notebooks.py --save-dir)
 
-What is compared, cell by cell: every code cell's text (stream text, `text/plain`, else
-`text/markdown` or `text/html`, and errors), after the replacements of
+What is compared, cell by cell: every code cell's text (stream text; `text/markdown`, else
+`text/plain`, else `text/html`; and errors), after the replacements of
 `chapters/nbval_sanitize.cfg`, so timings, rates, addresses, absolute paths and the highlighted
 HTML of `book.show` do not count. Not compared: images, figures' reprs (`<Figure size ...>`: a
 kernel may send a figure once or twice) and widget views, cells tagged `nbval-skip`
@@ -71,7 +71,7 @@ def comparable(outputs: Iterable[Mapping], patterns: Patterns) -> List[str]:
             data = out.get("data", {})
             if any(k.startswith(SKIPPED_MIME) for k in data) or FIGURE.match(_text(data.get("text/plain"))):
                 continue  # a picture, or a figure's repr: how many a kernel sends is not the chapter's claim
-            for mime in ("text/plain", "text/markdown", "text/html"):
+            for mime in ("text/markdown", "text/plain", "text/html"):  # a Markdown object's plain text is only its repr
                 if mime in data:
                     rich.append(f"{mime}: {_text(data[mime])}")
                     break
