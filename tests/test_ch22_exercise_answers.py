@@ -3,10 +3,10 @@ chapter's own workload and engine settings (tiny-llama, four rows, six groups of
 sharing a 48-token prefix, `max_tokens=3`), and on its simulator.
 
 Claims: answer 1 (200 pages: fcfs computes 1,248 prompt tokens in 24 steps, lpm 384 in 20, with a
-hit at step 1, and the same when groups 3 to 5 start: at step 10, a hit joining at step 11); answer 3
-(without the in-batch wait, lpm at 400 pages computes 480 tokens in 18 steps, uid10 and uid11 are
-prefilled at step 12 and uid16, uid17, uid22 and uid23 at step 15); answer 4 (ratio 0.05 retracts two requests, 0.06 none, with a mean
-batch of 40 against 14.5 at 1.0).
+hit at step 1, and the same when groups 3 to 5 start: at step 10, a hit joining at step 11);
+answer 3 (without the in-batch wait, lpm at 400 pages computes 480 tokens in 18 steps, uid10 and
+uid11 are prefilled at step 12 and uid16, uid17, uid22 and uid23 at step 15); answer 4 (ratio 0.05
+retracts two requests, 0.06 none, with a mean batch of 40 against 14.5 at 1.0).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def _run(policy: str, pages: int):
     from minisgl.llm import LLM
     from minisgl.scheduler import SchedulerConfig
 
-    cfg = SchedulerConfig(engine=EngineConfig(model_path=str(REPO / "models" / "tiny-llama"), max_running_reqs=4, max_seq_len=128,
-                                              num_pages=pages, dtype="float32"), schedule_policy=policy, overlap=False)
+    engine = EngineConfig(model_path=str(REPO / "models" / "tiny-llama"), max_running_reqs=4, max_seq_len=128,
+                          num_pages=pages, dtype="float32")
+    cfg = SchedulerConfig(engine=engine, schedule_policy=policy, overlap=False)
     llm = LLM(config=cfg)
     llm.generate(PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True))
     llm.assert_all_free()

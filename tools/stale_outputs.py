@@ -169,8 +169,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("chapters", nargs="*", help="chapter numbers (default: every chapter notebook)")
-    ap.add_argument("--fresh", type=Path, help="a folder of already executed copies to compare with, instead of running")
-    ap.add_argument("--write", action="store_true", help="save each fresh run's outputs into the chapter (after a clean run)")
+    ap.add_argument("--fresh", type=Path, help="a folder of executed copies to compare with, instead of running")
+    ap.add_argument("--write", action="store_true", help="save each clean fresh run's outputs into its chapter")
     ap.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
     ap.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
     args = ap.parse_args(argv)
