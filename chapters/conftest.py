@@ -68,9 +68,10 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     if diff is None:
         return
     name = Path(str(item.fspath)).name
+    how = f"python tools/stale_outputs.py {name[:2]} --write" if name[:2].isdigit() else "run it and save it"
     message = (f"{name}, {item.name}: the saved output is stale ({diff}); re-execute the notebook and save it "
-               f"(python tools/stale_outputs.py {name[:2]} --write), or tag the cell nbval-ignore-output if its "
-               "output depends on the machine by design")
+               f"({how}), or tag the cell nbval-ignore-output if its output depends on the machine or the "
+               "learner by design")
     if name in NOT_YET_REFRESHED:
         warnings.warn(StaleOutputWarning(message))
     else:
