@@ -48,8 +48,9 @@ class Feature:
 FEATURES = (
     Feature("paged KV, continuous batching", "yes", "yes", "yes",
             has=("sym:minisgl.scheduler.cache:CacheManager.pages_to_finish", "sym:minisgl.scheduler.decode:DecodeManager", "flag:--page-size")),
-    Feature("prefix cache (radix tree)", "yes", "yes", "yes", has=("sym:minisgl.kvcache.radix_cache:RadixPrefixCache", "flag:--prefix-cache")),
-    Feature("chunked prefill", "yes", "yes", "yes", has=("sym:minisgl.scheduler.prefill:PrefillAdder.continue_chunk", "flag:--max-extend-tokens")),
+    # minisgl and SGLang keep a radix tree of tokens; vLLM hashes whole blocks: all three reuse a cached prompt's KV
+    Feature("prefix cache (tree or block hashes)", "yes", "yes", "yes", has=("sym:minisgl.kvcache.radix_cache:RadixPrefixCache", "flag:--prefix-cache")),
+    Feature("chunked prefill", "yes", "yes", "yes", has=("sym:minisgl.scheduler.chunked:ChunkedPrefillAdder.continue_chunk", "flag:--max-extend-tokens")),
     Feature("overlap of host and device", "yes", "yes", "yes", has=("field:minisgl.scheduler:SchedulerConfig.overlap", "flag:--disable-overlap")),
     Feature("CUDA graphs, tensor parallelism", "yes", "yes", "yes",
             has=("sym:minisgl.engine.graph:GraphRunner", "flag:--cuda-graph", "sym:minisgl.distributed.split:check_tp_split", "flag:--tp-size")),

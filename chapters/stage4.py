@@ -171,6 +171,55 @@ def gpu_results(heading: str, path: str = RESULTS) -> Quoted:
     return Quoted(f"not measured: `{path}` has no section or line \"{heading}\"")
 
 
+def tried_not_kept(*names: str, path: str = RESULTS) -> Quoted:
+    """The entries of the results file's "Tried and not kept:" list that contain one of `names`
+    (each entry as committed, with its measured outcome), one a line; raises when one is missing,
+    so a chapter cannot cite an idea the results do not list."""
+    text = (REPO / path).read_text()
+    start = text.index("Tried and not kept:") + len("Tried and not kept:")
+    paragraph = " ".join(text[start:].split("\n\n")[0].split())
+    entries = [e.strip().rstrip(".") for e in paragraph.split(";")]
+    found = []
+    for name in names:
+        hits = [e for e in entries if name in e]
+        if not hits:
+            raise ValueError(f"{path} lists nothing tried and not kept that mentions {name!r}")
+        found += [h for h in hits if h not in found]
+    return Quoted(f"tried and not kept (`{path}`):\n" + "\n".join(f"- {e}" for e in found))
+
+
+# ---- chapter 17: FlashInfer's page list -------------------------------------------------------
+def page_list_figure(kv_indptr: Sequence[int], kv_indices: Sequence[int], kv_last_page_len: Sequence[int],
+                     page_size: int, title: str = ""):
+    """The CSR page list as FlashInfer reads it: the entries of `kv_indices` end to end, each a page
+    of `page_size` slots (filled slots coloured by request, the unused end of a last page left
+    blank), with each request's span `kv_indptr[i] : kv_indptr[i + 1]` marked below."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    total, gap = len(kv_indices), 0.4
+    width = page_size + gap
+    fig, ax = plt.subplots(figsize=(min(14, 0.32 * total * width + 1.5), 2.0))
+    for i in range(len(kv_indptr) - 1):
+        color = RANK_COLORS[i % len(RANK_COLORS)]
+        first, end = kv_indptr[i], kv_indptr[i + 1]
+        for k in range(first, end):
+            x = k * width
+            used = kv_last_page_len[i] if k == end - 1 else page_size
+            for s in range(page_size):
+                ax.add_patch(Rectangle((x + s, 0), 1, 1, facecolor=color if s < used else "white",
+                                       edgecolor="black", lw=0.4, hatch=None if s < used else "//"))
+            ax.text(x + page_size / 2, 1.25, f"page {int(kv_indices[k])}", ha="center", fontsize=7)
+        left, right = first * width, end * width - gap
+        ax.plot([left, right], [-0.35, -0.35], color=color, lw=2.5)
+        ax.text((left + right) / 2, -0.85, f"request {i}: kv_indptr[{i}:{i + 2}] = {kv_indptr[i]}, {kv_indptr[i + 1]}; "
+                f"last page {kv_last_page_len[i]}/{page_size}", ha="center", fontsize=7)
+    ax.set_xlim(-0.5, total * width), ax.set_ylim(-1.2, 1.6), ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 # ---- chapter 18: CUDA graphs, emulated on the CPU ----------------------------------------------
 class EmulatedGraph:
     """Stands in for `torch.cuda.CUDAGraph` where there is no GPU. A real graph records kernels

@@ -30,6 +30,48 @@ def test_padding_picks_the_smallest_captured_size_that_fits():
     assert [runner.padded_size(b) for b in (1, 3, 5, 8, 9, 17, 63, 64)] == [1, 4, 8, 8, 16, 24, 64, 64]
 
 
+def test_the_chapters_padding_figures():
+    """Section 2's prose: a batch of 9 pads 7 rows, rungs 8 apart never pad more than 7, and the
+    padding share is under 10 % from a batch of 65 up (and not below it)."""
+    runner = GraphRunner.__new__(GraphRunner)
+    runner.bs_list = graph_batch_sizes(256)
+    pad = {b: runner.padded_size(b) - b for b in range(1, 257)}
+    share = {b: pad[b] / (b + pad[b]) for b in pad}
+    assert (pad[9], pad[17]) == (7, 7) and max(pad[b] for b in range(9, 257)) == 7
+    assert max(share[b] for b in range(65, 257)) < 0.10 <= max(share[b] for b in range(57, 65))
+
+
+def test_a_decode_step_dispatches_as_many_operators_at_any_batch_size(models_dir):
+    """Section 1's prose: the operators of a decode step do not depend on the batch size."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from minisgl.llm import LLM
+
+    class CountOps(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    llm = LLM(str(models_dir / "tiny-qwen3"), device="cpu", max_running_reqs=8, max_seq_len=128, cpu_kv_budget_gb=0.02)
+    eng, counts = llm.engine, {}
+    eager = eng.forward_batch
+
+    def counted(batch, args):
+        if batch.is_decode and batch.size not in counts:
+            with CountOps() as c:
+                out = eager(batch, args)
+            counts[batch.size] = c.n
+            return out
+        return eager(batch, args)
+
+    eng.forward_batch = counted
+    for bs in (1, 4, 8):
+        llm.generate([[1 + i, 2, 3] for i in range(bs)], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert set(counts) == {1, 4, 8} and len(set(counts.values())) == 1, counts
+
+
 def _decode_logits(model: str, use_graph: bool, prompts, max_tokens: int):
     """Every step's logits and tokens; greedy, so both runs see the same inputs while tokens agree."""
     from minisgl.llm import LLM

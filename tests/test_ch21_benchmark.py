@@ -46,6 +46,20 @@ def test_decode_bytes_matches_a_step_by_step_count():
     assert offline.decode_bytes(w, weight, per_token) == total
 
 
+def test_the_workloads_floor_is_mostly_kv(models_dir):
+    """Chapter 21's second question: for the Qwen3-0.6B shape in bfloat16, the KV part of the
+    workload's decode bytes outweighs reading the weights once per step."""
+    from minisgl.models import ModelConfig, create_model
+
+    cfg = ModelConfig.from_dir(models_dir / "qwen3-0.6b-dummy")
+    shapes = create_model(cfg, torch.bfloat16, torch.device("meta"))
+    weight_bytes = sum(p.numel() * p.element_size() for p in shapes.state_dict().values())
+    work = offline.make_workload()
+    total = offline.decode_bytes(work, weight_bytes, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2)
+    weights = (max(work.max_tokens) - 1) * weight_bytes
+    assert total - weights > weights
+
+
 def _assert_baseline_generates_the_engines_tokens(models_dir, device: str, baseline) -> None:
     """A baseline is fair only if it does the same work: float32 greedy, the engine's tokens."""
     model = str(models_dir / "tiny-llama")

@@ -11,8 +11,11 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import BaseCacheHandle
 
 
+PAD_SLOT = 12_345  # not a value the made-up page tables hold, so a padding entry is recognisable
+
+
 def _batch(obs: Obs, specs, phase: str, seed: int = 0) -> None:
-    """specs: (cached_len, device_len) per request; rows hold made-up slots."""
+    """specs: (cached_len, device_len) per request; rows hold made-up slots (0 to 9999)."""
     gen = torch.Generator().manual_seed(seed)
     page_table = torch.randint(0, 10_000, (len(specs) + 2, 64), generator=gen, dtype=torch.int32).to(harness.device())
     reqs = []
@@ -22,7 +25,7 @@ def _batch(obs: Obs, specs, phase: str, seed: int = 0) -> None:
         reqs.append(r)
     batch = Batch(reqs=reqs, phase=phase)
     before = snapshot(page_table)
-    TorchAttnBackend(None, page_table).prepare_metadata(batch)
+    TorchAttnBackend(None, page_table, pad_slot=PAD_SLOT).prepare_metadata(batch)
     obs.unchanged("the page table", before, page_table)
     m = batch.attn_metadata
     obs.eq("q_starts (where each request's queries begin)", list(m.q_starts))
@@ -30,7 +33,7 @@ def _batch(obs: Obs, specs, phase: str, seed: int = 0) -> None:
     obs.eq("kv_lens", list(m.kv_lens))
     obs.eq("kv_mask", m.kv_mask)
     for i in range(len(reqs)):
-        obs.eq(f"request {i}: kv_slots where the mask is True", m.kv_slots[i][m.kv_mask[i]])
+        obs.eq(f"request {i}: kv_slots (page-table slots, then self.pad_slot = {PAD_SLOT} past kv_lens[{i}])", m.kv_slots[i])
 
 
 @case("one prefill, nothing cached", hint=1)
