@@ -311,12 +311,13 @@ def plain_scheduler(budget: int) -> PlainScheduler:
 
 def test_the_plain_scheduler_takes_whole_prompts_and_matches_transformers(hf_refs):
     sched = plain_scheduler(budget=8)
-    prompts = [[(7 * i + k) % 200 + 3 for i in range(n)] for k, n in enumerate([3, 4, 5, 30, 2])]
+    prompts = [[(7 * i + k) % 200 + 3 for i in range(n)] for k, n in enumerate([3, 4, 5, 1, 30, 2])]
     got = sched.run(prompts, [4] * len(prompts))
     assert got == [hf_refs.get(TINY_LLAMA, p, 4) for p in prompts]
-    # 3 + 4 fit the budget of 8; 5 does not fit beside them and leads the next step; the 30-token
-    # prompt is more than the whole budget and still joins whole, alone, as its step's first prompt
-    assert [t.extend_lens for t in sched.trace if t.phase == "prefill"] == [[3, 4], [5], [30], [2]]
+    # 3 + 4 fit the budget of 8; 5 does not fit beside them and leads the next step, and the 1 behind
+    # it waits with it although it would fit (no one jumps the queue); the 30-token prompt is more
+    # than the whole budget and still joins whole, alone, as its step's first prompt
+    assert [t.extend_lens for t in sched.trace if t.phase == "prefill"] == [[3, 4], [5, 1], [30], [2]]
 
 
 def test_chapter_7_llm_is_the_scheduler_with_the_registered_mixins_on_top():
