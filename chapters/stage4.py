@@ -393,13 +393,37 @@ def triton_moe_against_torch(x, w13, w2, topk_weights, topk_ids) -> str:
     return "running on cuda: Triton fused_moe against the loop over experts: " + ", ".join(parts)
 
 
-def kernels_against_fallbacks(tokens: int = 37) -> str:
-    """On CUDA with Triton: every kernel of `minisgl.kernel` against its PyTorch fallback on the
-    same random CUDA inputs, in bfloat16 with SmolLM2-135M's shapes (hidden 576, 9 query and 3 KV
-    heads of 64); the value is the largest difference (0 means bit for bit). Elsewhere, says why."""
+def interpreted(code: str, timeout: int = 300) -> str:
+    """What `code` prints when a fresh Python runs it under Triton's interpreter (`TRITON_INTERPRET=1`,
+    set before Triton loads, so the kernels run on CPU tensors) with this notebook's `minisgl`; without
+    Triton, says why it did not run."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import minisgl
+    from minisgl.env import child_environment
+
+    if importlib.util.find_spec("triton") is None:
+        return "not run here: Triton is not installed"
+    env = {**child_environment(Path(minisgl.__file__).resolve().parents[1]), "TRITON_INTERPRET": "1"}
+    env.pop("MINISGL_DISABLE_KERNELS", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    return run.stdout.strip() if run.returncode == 0 else "failed: " + run.stderr.strip()[-800:]
+
+
+def kernels_against_layers(tokens: int = 37) -> str:
+    """On CUDA with Triton: every kernel of `minisgl.kernel` against the plain PyTorch it replaces (a
+    layer's forward, or the plain store and page list) on the same random CUDA inputs, in bfloat16 with
+    SmolLM2-135M's shapes (hidden 576, 9 query and 3 KV heads of 64); the value is the largest
+    difference (0 means bit for bit). Elsewhere, says why."""
     import torch
+    import torch.nn.functional as F
 
     from minisgl import kernel as K
+    from minisgl.layers.activation import silu_and_mul
+    from minisgl.layers.norm import RMSNorm
+    from minisgl.layers.rotary import RotaryEmbedding
 
     if not (torch.cuda.is_available() and K.triton_available()):
         return "not run here: the Triton kernels need CUDA (and Triton)"
@@ -410,9 +434,9 @@ def kernels_against_fallbacks(tokens: int = 37) -> str:
     qkv = rand(tokens, (9 + 3 + 3) * 64)
     q, k, v = qkv[:, : 9 * 64].reshape(tokens, 9, 64), qkv[:, 9 * 64 : 12 * 64].reshape(tokens, 3, 64), qkv[:, 12 * 64 :].reshape(tokens, 3, 64)
     pos = torch.randperm(1024, generator=g, device=dev)[:tokens]
-    angles = torch.rand(1024, 32, generator=g, device=dev) * 6.3
-    angles = torch.cat([angles, angles], dim=-1)  # a rotary cache repeats its frequencies in both halves
-    cos, sin = angles.cos(), angles.sin()
+    rope = RotaryEmbedding(64, 1024, 100000.0, None, dev)  # SmolLM2's
+    norm = RMSNorm(576, 1e-5, dtype=bf, device=dev)
+    norm.weight.copy_(w)
     slots = torch.randperm(512, generator=g, device=dev)[:tokens].to(torch.int32)
 
     def diff(a, b) -> float:
@@ -429,15 +453,15 @@ def kernels_against_fallbacks(tokens: int = 37) -> str:
     indptr = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=dev)
     proj = rand(2 * 1536, 576) / 24  # SmolLM2's gate|up shape, scaled so outputs stay near 1
     checks = {
-        "rmsnorm": diff(K.rmsnorm(x, w, 1e-5), K.rmsnorm_ref(x, w, 1e-5)),
-        "fused_add_rmsnorm": diff(K.fused_add_rmsnorm(x, res, w, 1e-5), K.fused_add_rmsnorm_ref(x, res, w, 1e-5)),
-        "silu_and_mul": diff(K.silu_and_mul(qkv[:, :1152]), K.silu_and_mul_ref(qkv[:, :1152])),
-        "apply_rope": diff(K.apply_rope(pos, q.contiguous(), k.contiguous(), cos, sin), K.apply_rope_ref(pos, q.contiguous(), k.contiguous(), cos, sin)),
+        "rmsnorm": diff(K.rmsnorm(x, w, 1e-5), norm.forward(x)),
+        "fused_add_rmsnorm": diff(K.fused_add_rmsnorm(x, res, w, 1e-5), norm.forward_residual(x, res)),
+        "silu_and_mul": diff(K.silu_and_mul(qkv[:, :1152]), silu_and_mul(qkv[:, :1152])),
+        "apply_rope": diff(K.apply_rope(pos, q, k, rope.cos, rope.sin), rope.forward(pos, q, k)),
         "store_kv": diff(stored(K.store_kv), stored(K.store_kv_ref)),
         "gather_page_indices": diff(K.gather_page_indices(table, rows, indptr, 4, 7, max_pages=4), K.gather_page_indices_ref(table, rows, indptr, 4, 7)),
-        # one row, as a batch-1 decode step has; the fallback is cuBLAS (F.linear)
-        "linear": diff(K.linear(x[:1], proj), torch.nn.functional.linear(x[:1], proj)),
-        "linear_silu_and_mul": diff(K.linear_silu_and_mul(x[:1], proj), K.linear_silu_and_mul_ref(x[:1], proj)),
+        # one row, as a batch-1 decode step has; the plain layer's product is cuBLAS (F.linear)
+        "linear": diff(K.linear(x[:1], proj), F.linear(x[:1], proj)),
+        "linear_silu_and_mul": diff(K.linear_silu_and_mul(x[:1], proj), silu_and_mul(F.linear(x[:1], proj))),
     }
-    return "running on cuda, Triton against the PyTorch fallback (largest difference):\n" + "\n".join(
+    return "running on cuda, Triton against the plain PyTorch (largest difference):\n" + "\n".join(
         f"  {name:<20} {d:.3g}" + ("  (bit for bit)" if d == 0 else "") for name, d in checks.items())

@@ -49,10 +49,11 @@ class Finished:
 
 
 def make_scheduler(config):
-    """A Scheduler that keeps every request's tokens and finish reason."""
-    from minisgl.scheduler import Scheduler
+    """The engine's complete scheduler (every registered mixin over `Scheduler`), keeping every
+    request's tokens and finish reason."""
+    from minisgl.scheduler import scheduler_bases
 
-    class Recording(Scheduler):
+    class Recording(*scheduler_bases()):
         def __init__(self, cfg):
             super().__init__(cfg)
             self.outputs: Dict[int, Finished] = {}

@@ -33,8 +33,9 @@ class EnvSwitches:
                                                                   "for CUDA graphs"))
     check_integrity: bool = field(default=False, metadata=_var("check every table row and KV page after each "
                                                                "scheduler step (slow)"))
-    disable_kernels: bool = field(default=False, metadata=_var("use the PyTorch fallbacks instead of the Triton "
-                                                               "kernels, even on a GPU"))
+    disable_kernels: bool = field(default=False, metadata=_var("no Triton kernel on a GPU: the kernel pass leaves "
+                                                               "the layers plain PyTorch, backends run the plain "
+                                                               "sequence"))
     disable_onednn: bool = field(default=False, metadata=_var("float32 projections on the CPU through F.linear (MKL), "
                                                               "not oneDNN: no second copy of the weights, "
                                                               "transformers' rounding"))

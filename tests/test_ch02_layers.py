@@ -94,6 +94,17 @@ def test_linear_layers_compute_x_at_w_transposed_plus_bias():
         torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, bias))
 
 
+def test_projections_are_f_linear_itself_on_any_device_they_are_given():
+    """The layers are the plain reference: no other library, no device branch (a faster product is
+    swapped in after loading, chapter 19), so a projection is `F.linear`, bit for bit."""
+    x = torch.randn(5, 64)
+    for layer in (LinearReplicated(64, 48, bias=True, dtype=F32, device=CPU),
+                  LinearQKVMerged(hidden=64, head_dim=16, num_q_heads=4, num_kv_heads=2, dtype=F32, device=CPU)):
+        for w in layer.state_dict().values():
+            w.copy_(torch.randn_like(w))
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, getattr(layer, "bias", None)))
+
+
 def test_qkv_merged_shape_is_q_then_k_then_v_heads():
     layer = LinearQKVMerged(hidden=64, head_dim=16, num_q_heads=4, num_kv_heads=2, dtype=F32, device=CPU)
     assert layer.weight.shape == ((4 + 2 + 2) * 16, 64)

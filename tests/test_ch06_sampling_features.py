@@ -293,22 +293,6 @@ def test_a_negative_bias_removes_a_token(llm):
     assert not set(biased) & set(plain)
 
 
-def test_logprobs_are_the_models_log_softmax(llm):
-    params = [SP(max_tokens=6, logprobs=5), SP(max_tokens=6, temperature=1.0, seed=3, logprobs=0), SP(max_tokens=6), SP(max_tokens=6, logprobs=20, repetition_penalty=1.5)]
-    outs = llm.generate(PROMPTS, params)
-    for prompt, sp, out in zip(PROMPTS, params, outs):
-        if sp.logprobs < 0:
-            assert out.logprobs == [] and out.top_logprobs == []
-            continue
-        assert len(out.logprobs) == len(out.top_logprobs) == len(out.token_ids)
-        ref = torch.log_softmax(hf_logits(TINY_LLAMA, prompt + out.token_ids).float(), -1)[len(prompt) - 1 : -1]
-        for i, token in enumerate(out.token_ids):
-            assert out.logprobs[i] == pytest.approx(float(ref[i, token]), abs=1e-4)
-            top = ref[i].topk(sp.logprobs)
-            assert [t for t, _ in out.top_logprobs[i]] == top.indices.tolist()
-            assert [v for _, v in out.top_logprobs[i]] == pytest.approx(top.values.tolist(), abs=1e-4)
-
-
 def test_seeds_differing_above_bit_31_give_different_text(llm):
     outs = llm.generate([PROMPTS[0]] * 3, [SP(max_tokens=8, temperature=1.0, seed=s) for s in (5, 2147483653, 5)])
     assert outs[0].token_ids == outs[2].token_ids
@@ -330,70 +314,6 @@ def test_the_scheduler_refuses_what_the_model_cannot_honour(llm, kw, field):
         llm.add_request(PROMPTS[0], SP(**kw))
     assert llm.is_idle
     llm.assert_all_free()
-
-
-# ---- JSON-constrained decoding (xgrammar) ----------------------------------------------------------
-
-import json  # noqa: E402
-
-from helpers import SMOLLM2  # noqa: E402
-
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "colour": {"enum": ["red", "green", "blue"]},
-                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
-          "required": ["ok", "colour", "tags"]}
-
-
-def test_json_schema_output_parses_and_matches_the_schema():
-    """A random model, so the grammar alone makes the output valid; sampled and greedy rows,
-    with overlap scheduling (the bitmask waits for the previous token) and without."""
-    jsonschema = pytest.importorskip("jsonschema")
-    params = [SP(max_tokens=48, json_mode="schema", json_schema=json.dumps(SCHEMA), temperature=t, seed=s) for t, s in ((0.0, None), (1.0, 1), (1.0, 2))]
-    params.append(SP(max_tokens=8))  # a plain row in the same batches
-    runs = []
-    for overlap in (False, True):
-        llm = build_llm(TINY_LLAMA, max_running_reqs=8, overlap=overlap)
-        outs = llm.generate(PROMPTS, params)
-        llm.assert_all_free()
-        assert not llm.grammar.active, "a finished request kept its grammar"
-        for out in outs[:3]:
-            assert out.finish_reason == "stop", out.text
-            assert out.token_ids[-1] in eos_ids(TINY_LLAMA)
-            jsonschema.validate(json.loads(out.text), SCHEMA)
-        assert outs[3].token_ids == hf_greedy(TINY_LLAMA, PROMPTS[3], 8)
-        runs.append([o.token_ids for o in outs])
-    assert runs[0] == runs[1], "overlap scheduling changed the constrained output"
-
-
-@needs_real_smollm2  # random weights rarely close an object within 24 tokens
-def test_json_object_mode_gives_an_object():
-    llm = build_llm(SMOLLM2, max_running_reqs=2)
-    out = llm.generate(["Reply in JSON: an object with the key 'capital' giving the capital of France."],
-                       SP(max_tokens=24, json_mode="object"), chat=True)[0]
-    assert out.finish_reason == "stop", out.text
-    assert isinstance(json.loads(out.text), dict)
-    llm.assert_all_free()
-
-
-def test_a_schema_xgrammar_cannot_use_is_refused_before_queueing(llm):
-    with pytest.raises(InvalidRequestError, match="json_schema"):
-        llm.add_request(PROMPTS[0], SP(json_mode="schema", json_schema='{"type": "no-such-type"}'))
-    assert llm.is_idle and not llm.grammar.active
-    llm.assert_all_free()
-
-
-def test_generate_checks_every_schema_before_running_any(llm):
-    good = SP(max_tokens=4, json_mode="object")
-    bad = SP(json_mode="schema", json_schema='{"type": "no-such-type"}')
-    with pytest.raises(InvalidRequestError, match="json_schema"):
-        llm.generate([PROMPTS[0], PROMPTS[1]], [good, bad])
-    assert llm.is_idle and not llm.grammar.active
-    llm.assert_all_free()
-
-
-def test_aborting_a_waiting_json_request_drops_its_grammar(llm):
-    uid = llm.add_request(PROMPTS[0], SP(json_mode="object"))
-    llm.abort_request(uid)
-    assert llm.take_output(uid).finish_reason == "abort" and not llm.grammar.active
 
 
 # ---- the wire: the new fields travel ---------------------------------------------------------------

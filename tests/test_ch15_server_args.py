@@ -126,7 +126,7 @@ def test_types_choices_and_bool_flags_follow_the_fields():
     (["--page-size", "3"], "page_size must be a power of two"),
     (["--page-size", "four"], "invalid int value: 'four'"),
     (["--port", "0"], "port must be in 1..65535"),
-    (["--schedule-policy", "lpm", "--prefix-cache", "naive"], "needs prefix_cache='radix'"),
+    (["--schedule-policy", "lpm", "--prefix-cache", "naive"], "a prefix cache that keeps prefixes"),
     (["--model", "/no/such/model"], "model directory /no/such/model does not exist"),
     (["--max-extnd-tokens", "64"], "unrecognized arguments: --max-extnd-tokens"),
 ])

@@ -1,14 +1,16 @@
-"""Chapter 19: fused kernels and the backend built from them. Each PyTorch fallback is checked
-against a naive reference (or the layer it replaces) on the CPU, and each Triton kernel against
-its fallback under Triton's interpreter on the CPU and compiled on a GPU; on a GPU the triton-decode
-backend is checked against the torch backend through the attention interface, for decode batches of
-every regime its thresholds table names, eager and replayed from a CUDA graph."""
+"""Chapter 19: fused kernels, the pass that swaps them into a model, and the backend built from them.
+Each Triton kernel is checked against the plain PyTorch layer it replaces (the decode kernel against
+the torch attention backend) under Triton's interpreter on the CPU and compiled on a GPU; the pass
+against the plain model; on a GPU the triton-decode backend against the torch backend through the
+attention interface, for decode batches of every regime its thresholds table names, eager and
+replayed from a CUDA graph."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import random
+from typing import Optional
 
 import pytest
 import torch
@@ -16,8 +18,12 @@ import torch.nn.functional as F
 
 from minisgl import kernel as K
 from minisgl.attention import triton_decode_backend as tdb
+from minisgl.attention.torch_backend import TorchAttnBackend, TorchAttnMetadata
 from minisgl.attention.triton_decode_backend import THRESHOLDS, DecodeThresholds
 from minisgl.kernel.decode import LARGE_TILE, SMALL_TILE
+from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.layers.activation import silu_and_mul
+from minisgl.layers.linear import LinearColParallelMerged, LinearRowParallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
@@ -33,7 +39,21 @@ def _qkv(tokens: int, hq: int, hkv: int, d: int, dtype, device):
     return q.view(tokens, hq, d), k.view(tokens, hkv, d), v.view(tokens, hkv, d)
 
 
-# ---- fallbacks against naive references (CPU) --------------------------------------------------
+def _norm(weight: torch.Tensor, eps: float = 1e-6) -> RMSNorm:
+    """The plain layer with the given weight: what every norm kernel is checked against."""
+    norm = RMSNorm(weight.shape[0], eps, dtype=weight.dtype, device=weight.device)
+    norm.weight.copy_(weight)
+    return norm
+
+
+def _plain_qk(rope: RotaryEmbedding, qk_norm) -> QKNormRope:
+    """The plain layers' qk-norm (when given as (q weight, k weight, eps)) and RoPE."""
+    if qk_norm is None:
+        return QKNormRope(rope)
+    return QKNormRope(rope, _norm(qk_norm[0], qk_norm[2]), _norm(qk_norm[1], qk_norm[2]))
+
+
+# ---- the plain paths the engine keeps where no kernel applies (CPU) --------------------------
 def test_store_kv_ref_writes_each_token_to_its_slot():
     _, k, v = _qkv(6, 2, 2, 8, torch.float32, "cpu")
     k_cache, v_cache = torch.full((20, 2, 8), float("nan")), torch.full((20, 2, 8), float("nan"))
@@ -59,63 +79,23 @@ def test_gather_page_indices_ref_matches_a_loop():
     assert got.tolist() == want
 
 
-def test_rmsnorm_ref_matches_the_layer():
-    norm = RMSNorm(32, 1e-6, dtype=torch.float32, device=torch.device("cpu"))
-    norm.weight.copy_(torch.randn(32))
-    x, r = torch.randn(5, 32), torch.randn(5, 32)
-    assert torch.equal(K.rmsnorm(x, norm.weight, 1e-6), norm.forward(x))
-    out, s = K.fused_add_rmsnorm(x, r, norm.weight, 1e-6)
-    want_out, want_s = norm.forward_residual(x, r)
-    assert torch.equal(out, want_out) and torch.equal(s, want_s)
-    naive = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * norm.weight
-    torch.testing.assert_close(K.rmsnorm_ref(x, norm.weight, 1e-6), naive)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qk_norm_then_rope_on_the_cpu_is_what_the_fused_kernels_take_as_reference(dtype):
-    """The layer's `QKNormRope` (the norms, then RoPE) computes, rounding for rounding, the reference
-    the fused kernels are checked against: `apply_rope_ref` over `rmsnorm_ref`."""
+def test_no_kernel_takes_cpu_tensors_outside_the_interpreter():
+    """On the CPU (without TRITON_INTERPRET) every `*_fits` check says no, so each kernel-backed layer runs
+    the plain layer's forward."""
+    x, w = torch.randn(3, 16), torch.randn(16)
+    q, k, v = _qkv(3, 2, 1, 16, torch.float32, "cpu")
     rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
-    q, k, _ = _qkv(5, 3, 1, 16, dtype, "cpu")
-    pos = torch.tensor([0, 1, 7, 33, 63])
-    qn, kn = (RMSNorm(16, 1e-6, dtype=dtype, device=torch.device("cpu")) for _ in range(2))
-    qn.weight.copy_(torch.randn(16))
-    kn.weight.copy_(torch.randn(16))
-    got = QKNormRope(rope, qn, kn)(pos, q, k)
-    assert all(torch.equal(g, w) for g, w in zip(got, rope.forward(pos, qn.forward(q), kn.forward(k))))
-    want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, qn.weight, 1e-6), K.rmsnorm_ref(k, kn.weight, 1e-6), rope.cos, rope.sin)
-    assert all(torch.equal(g, w) for g, w in zip(got, want))
-    plain = QKNormRope(rope)(pos, q, k)  # a model without qk-norm: RoPE alone
-    assert all(torch.equal(g, w) for g, w in zip(plain, rope.forward(pos, q, k)))
+    assert not (K.rmsnorm_fits(x, w) or K.add_rmsnorm_fits(x, x, w) or K.silu_and_mul_fits(x))
+    assert not (K.rope_fits(q, k, rope.cos, rope.sin) or K.gemv_applies(x.bfloat16(), torch.randn(4, 16).bfloat16()))
 
 
-def test_rope_ref_rotates_each_pair_by_its_angle():
-    rope = RotaryEmbedding(16, 64, 10000.0, None, torch.device("cpu"))
-    q, k, _ = _qkv(5, 3, 1, 16, torch.float32, "cpu")
-    pos = torch.tensor([0, 1, 7, 33, 63])
-    got_q, got_k = K.apply_rope(pos, q, k, rope.cos, rope.sin)
-    # the rotate-half layout pairs dimension i with i + 8 and turns the pair by pos * theta_i
-    theta = 10000.0 ** (-torch.arange(0, 16, 2).float() / 16)
-    ang = pos[:, None].float() * theta[None, :]
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    a, b = q[..., :8], q[..., 8:]
-    torch.testing.assert_close(got_q, torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1), atol=1e-5, rtol=1e-5)
-    assert torch.equal(got_k, rope.forward(pos, q, k)[1])
-
-
-def test_silu_and_mul_ref():
-    x = torch.randn(3, 20)
-    gate, up = x[:, :10], x[:, 10:]
-    torch.testing.assert_close(K.silu_and_mul(x), gate * torch.sigmoid(gate) * up)
-
-
-# ---- Triton kernels against the fallbacks (GPU) ------------------------------------------------
+# ---- Triton kernels against the layers (GPU) ------------------------------------------------
 DTYPES = [torch.bfloat16, torch.float32]
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, dtype) -> None:
+def _close(got: torch.Tensor, want: torch.Tensor, dtype, tol: Optional[float] = None) -> None:
     assert not torch.isnan(got).any()
-    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    tol = tol if tol is not None else 1e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
@@ -153,15 +133,16 @@ def test_gather_page_indices_kernel(page_size):
 def test_norm_kernels(dtype):
     w = torch.randn(1024, dtype=dtype, device="cuda")
     x, r = torch.randn(77, 1024, dtype=dtype, device="cuda"), torch.randn(77, 1024, dtype=dtype, device="cuda")
-    _close(K.rmsnorm(x, w, 1e-6), K.rmsnorm_ref(x, w, 1e-6), dtype)
+    norm = _norm(w)
+    _close(K.rmsnorm(x, w, 1e-6), norm.forward(x), dtype)
     out, s = K.fused_add_rmsnorm(x, r, w, 1e-6)
-    want_out, want_s = K.fused_add_rmsnorm_ref(x, r, w, 1e-6)
+    want_out, want_s = norm.forward_residual(x, r)
     assert torch.equal(s, want_s)
     _close(out, want_out, dtype)
     q, k, _ = _qkv(77, 16, 8, 128, dtype, "cuda")  # per-head norm on strided views
-    wq = torch.randn(128, dtype=dtype, device="cuda")
-    _close(K.rmsnorm(q, wq, 1e-6), K.rmsnorm_ref(q, wq, 1e-6), dtype)
-    _close(K.rmsnorm(k, wq, 1e-6), K.rmsnorm_ref(k, wq, 1e-6), dtype)
+    head_norm = _norm(torch.randn(128, dtype=dtype, device="cuda"))
+    _close(K.rmsnorm(q, head_norm.weight, 1e-6), head_norm.forward(q), dtype)
+    _close(K.rmsnorm(k, head_norm.weight, 1e-6), head_norm.forward(k), dtype)
 
 
 def _rope_inputs(dtype):
@@ -176,7 +157,7 @@ def _rope_inputs(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kernel(dtype):
     rope, q, k, pos = _rope_inputs(dtype)
-    for got, want in zip(K.apply_rope(pos, q, k, rope.cos, rope.sin), K.apply_rope_ref(pos, q, k, rope.cos, rope.sin)):
+    for got, want in zip(K.apply_rope(pos, q, k, rope.cos, rope.sin), rope.forward(pos, q, k)):
         _close(got, want, dtype)
 
 
@@ -187,7 +168,7 @@ def test_rope_kernel_with_qk_norm_is_norm_then_rope(dtype):
     rope, q, k, pos = _rope_inputs(dtype)
     wq, wk = torch.randn(128, dtype=dtype, device="cuda"), torch.randn(128, dtype=dtype, device="cuda")
     got = K.apply_rope(pos, q, k, rope.cos, rope.sin, (wq, wk, 1e-6))
-    want = K.apply_rope_ref(pos, K.rmsnorm_ref(q, wq, 1e-6), K.rmsnorm_ref(k, wk, 1e-6), rope.cos, rope.sin)
+    want = _plain_qk(rope, (wq, wk, 1e-6))(pos, q, k)
     for g, w in zip(got, want):
         _close(g, w, dtype)
 
@@ -196,24 +177,31 @@ def test_rope_kernel_with_qk_norm_is_norm_then_rope(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_kernel(dtype):
     x = torch.randn(33, 2 * 3072, dtype=dtype, device="cuda")
-    _close(K.silu_and_mul(x), K.silu_and_mul_ref(x), dtype)
-    assert torch.equal(K.silu_and_mul(x[:0]), K.silu_and_mul_ref(x[:0]))
+    _close(K.silu_and_mul(x), silu_and_mul(x), dtype)
+    assert torch.equal(K.silu_and_mul(x[:0]), silu_and_mul(x[:0]))
+
+
+def _plain_rope_and_store(positions, q, k, v, rope, k_cache, v_cache, out_loc, qk_norm) -> torch.Tensor:
+    """The plain sequence `apply_rope_and_store` fuses: the layers' qk-norm and RoPE, then the store as
+    the KV pool writes it; returns the rotated q."""
+    q, k = _plain_qk(rope, qk_norm)(positions, q, k)
+    k_cache.index_copy_(0, out_loc, k)
+    v_cache.index_copy_(0, out_loc, v)
+    return q
 
 
 def _rope_store_case(dtype, device, tokens=9, hq=4, hkv=2, d=64, qk_norm=True):
-    """(got, want): `apply_rope_and_store` and its reference on the same inputs, as
+    """(got, want): `apply_rope_and_store` and the plain layers on the same inputs, as
     (rotated q, key cache, value cache) each; caches start as NaN, so stray writes show."""
     rope = RotaryEmbedding(d, 1024, 1e6, None, torch.device(device))
     q, k, v = _qkv(tokens, hq, hkv, d, dtype, device)
     pos = torch.randint(0, 1024, (tokens,), device=device)
     loc = torch.randperm(3 * tokens, device=device)[:tokens]
     norm = (torch.randn(d, dtype=dtype, device=device), torch.randn(d, dtype=dtype, device=device), 1e-6) if qk_norm else None
-    out = []
-    for fn in (K.apply_rope_and_store, K.apply_rope_and_store_ref):
-        kc = torch.full((3 * tokens, hkv, d), float("nan"), dtype=dtype, device=device)
-        vc = kc.clone()
-        out.append((fn(pos, q, k, v, rope.cos, rope.sin, kc, vc, loc, norm), kc, vc))
-    return out
+    caches = [torch.full((3 * tokens, hkv, d), float("nan"), dtype=dtype, device=device) for _ in range(4)]
+    got = K.apply_rope_and_store(pos, q, k, v, rope.cos, rope.sin, caches[0], caches[1], loc, norm)
+    want = _plain_rope_and_store(pos, q, k, v, rope, caches[2], caches[3], loc, norm)
+    return [(got, *caches[:2]), (want, *caches[2:])]
 
 
 @gpu
@@ -243,7 +231,7 @@ print("ok")
 
 def test_rope_and_store_kernel_under_the_triton_interpreter():
     """The fused kernel itself, run by Triton's interpreter on the CPU (float32: the interpreter
-    mishandles bfloat16), against the reference."""
+    mishandles bfloat16), against the plain layers."""
     _interpret(_INTERPRETED)
 
 
@@ -276,7 +264,7 @@ def _gemv_checks(dtype, device, tol, shapes=_GEMV_WIDE):
             want = F.linear(x.float(), w.float(), None if b is None else b.float())
             torch.testing.assert_close(K.gemv(x, w, b).float(), want, atol=tol, rtol=tol)
         x, w, _ = _gemv_case(rows, 2 * gate_up_n, 512, dtype, device, seed=rows)
-        want = K.silu_and_mul_ref(F.linear(x.float(), w.float()).to(dtype))
+        want = silu_and_mul(F.linear(x.float(), w.float()).to(dtype))
         torch.testing.assert_close(K.gemv(x, w, silu_mul=True), want, atol=tol, rtol=tol)
 
 
@@ -314,7 +302,7 @@ def test_linear_takes_the_kernel_only_for_few_rows_of_16_bit_activations_on_a_gp
     x = torch.randn(3, 16, dtype=torch.bfloat16, device=cpu)
     assert torch.equal(K.linear(x, w), F.linear(x, w))
     gate_up = torch.randn(16, 16, dtype=torch.bfloat16)
-    assert torch.equal(K.linear_silu_and_mul(x, gate_up), K.silu_and_mul_ref(F.linear(x, gate_up)))
+    assert torch.equal(K.linear_silu_and_mul(x, gate_up), silu_and_mul(F.linear(x, gate_up)))
 
 
 @gpu
@@ -331,22 +319,24 @@ def test_linear_uses_the_kernel_up_to_gemv_max_rows():
     assert not K.gemv_applies(torch.randn(1, 128, device="cuda"), w.float())  # float32 keeps cuBLAS
 
 
-def test_gate_up_projection_with_its_activation_is_the_reference_on_the_cpu():
-    """The MLP's one op `forward_silu_and_mul` is `linear_silu_and_mul_ref`, the specification the
-    GEMV kernel with the activation inside is checked against."""
-    from minisgl.layers.linear import LinearColParallelMerged
-
-    gate_up = LinearColParallelMerged(64, [48, 48], dtype=torch.float32, device=torch.device("cpu"))
-    gate_up.weight.copy_(torch.randn(96, 64))
-    x = torch.randn(3, 64)
-    assert torch.equal(gate_up.forward_silu_and_mul(x), K.silu_and_mul_ref(gate_up(x)))
-    torch.testing.assert_close(gate_up.forward_silu_and_mul(x), K.linear_silu_and_mul_ref(x, gate_up.weight))
-
-
 # ---- decode attention for a few requests -------------------------------------------------------
+def _torch_decode(q, k_cache, v_cache, page_table, rows, kv_lens) -> torch.Tensor:
+    """What the torch attention backend's decode computes when request i (query `q[i]`) attends to the
+    slots `page_table[rows[i], :kv_lens[i]]` of the caches: the decode kernel's oracle."""
+    slots, hkv, d = k_cache.shape
+    pool = MHAKVCache(1, slots, 1, hkv, d, k_cache.dtype, k_cache.device)
+    pool.k_cache(0).copy_(k_cache)
+    pool.v_cache(0).copy_(v_cache)
+    lens = kv_lens.tolist()
+    mask = torch.arange(max(lens), device=q.device)[None, :] < kv_lens[:, None]
+    kv_slots = page_table[rows.long(), : max(lens)].masked_fill(~mask, 0).long()
+    meta = TorchAttnMetadata(list(range(len(lens))), [n - 1 for n in lens], lens, kv_slots, mask)
+    return TorchAttnBackend(pool, page_table)._decode(q, 0, meta)
+
+
 def _decode_case(dtype, device, hq=16, hkv=8, d=128, lens=(1, 2, 31, 33, 300, 1025), page_size=1, seed=0):
     """Requests on rows 0.. of a page table, each with whole pages of random slots, and the
-    reference output over them."""
+    torch backend's output over them."""
     g = torch.Generator().manual_seed(seed)
     pages = sum(-(-n // page_size) for n in lens) + 4
     kc = torch.randn(pages * page_size, hkv, d, generator=g).to(dtype).to(device)
@@ -360,10 +350,10 @@ def _decode_case(dtype, device, hq=16, hkv=8, d=128, lens=(1, 2, 31, 33, 300, 10
     rows = torch.arange(len(lens), dtype=torch.int32, device=device).flip(0).contiguous()  # any row order
     kv_lens = torch.tensor(lens[::-1], dtype=torch.int32, device=device)
     q = torch.randn(len(lens), hq, d, generator=g).to(dtype).to(device)
-    return (q, kc, vc, table, rows, kv_lens), K.decode_attention_ref(q, kc, vc, table, rows, kv_lens)
+    return (q, kc, vc, table, rows, kv_lens), _torch_decode(q, kc, vc, table, rows, kv_lens)
 
 
-def test_decode_attention_ref_is_softmax_attention_over_the_request_slots():
+def test_the_decode_oracle_is_softmax_attention_over_the_request_slots():
     (q, kc, vc, table, rows, lens), want = _decode_case(torch.float32, "cpu", hq=4, hkv=2, d=16, lens=(5, 9))
     for i in range(2):
         slots = table[rows[i], : lens[i]].long()
@@ -374,7 +364,7 @@ def test_decode_attention_ref_is_softmax_attention_over_the_request_slots():
 
 
 def _decode_checks(dtype, device, tol, sms, splits_to_try=(1, 4, 64), **case):
-    """The kernel against the reference at every split count the engine can pick, twice in a row
+    """The kernel against the torch backend at every split count the engine can pick, twice in a row
     (the counters must be back at zero), for page sizes 1 and 16."""
     for page_size in (1, 16):
         args, want = _decode_case(dtype, device, page_size=page_size, **case)
@@ -431,8 +421,8 @@ def test_decode_attention_kernel(dtype):
 
 def _decode_rope_checks(dtype, device, tol, sms, hq=16, hkv=8, d=128, lens=(1, 2, 31, 33, 300, 1025)):
     """The kernel that rotates as it attends, handed q, k and v as views of one projection output:
-    its output and the caches it leaves against RoPE and the store first (the reference), then
-    attention, with and without qk-norm, at the engine's split counts and both tiles."""
+    its output and the caches it leaves against the plain layers' norms and RoPE, the store, then the torch
+    backend's attention, with and without qk-norm, at the engine's split counts and both tiles."""
     torch.manual_seed(1)
     for page_size, qk_norm in ((1, True), (16, False)):
         (q0, kc0, vc0, table, rows, kv_lens), _ = _decode_case(dtype, device, hq, hkv, d, lens, page_size)
@@ -444,8 +434,8 @@ def _decode_rope_checks(dtype, device, tol, sms, hq=16, hkv=8, d=128, lens=(1, 2
         norm = (torch.randn(d, dtype=dtype, device=device), torch.randn(d, dtype=dtype, device=device), 1e-6) if qk_norm else None
         pending = K.PendingRope(positions, k, v, out_loc, rope.cos, rope.sin, norm)
         kc, vc = kc0.clone(), vc0.clone()
-        want_q = K.apply_rope_and_store_ref(positions, q, k, v, rope.cos, rope.sin, kc, vc, out_loc, norm)
-        want = K.decode_attention_ref(want_q, kc, vc, table, rows, kv_lens)
+        want_q = _plain_rope_and_store(positions, q, k, v, rope, kc, vc, out_loc, norm)
+        want = _torch_decode(want_q, kc, vc, table, rows, kv_lens)
         scratch = K.DecodeScratch.for_batches(bs, hkv, hq // hkv, d, 1 << 20, q.device)
         tiles = [(s, SMALL_TILE) for s in sorted({1, 4, K.decode_splits(bs, hkv, sms)})] + [(1, LARGE_TILE), (2, LARGE_TILE)]
         for splits, tile in tiles:
@@ -479,10 +469,6 @@ def test_decode_attention_with_rope_under_the_triton_interpreter():
     _interpret(_DECODE_ROPE_INTERPRETED)
 
 
-def test_decode_attention_with_rope_falls_back_to_rope_then_attention_on_the_cpu():
-    _decode_rope_checks(torch.float32, "cpu", 1e-5, sms=8, hq=4, hkv=2, d=16, lens=(1, 2, 33, 70))
-
-
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_attention_with_rope_kernel(dtype):
@@ -505,6 +491,120 @@ def test_cpu_projections_agree_with_f_linear_and_follow_edits_of_the_weight(monk
     assert torch.equal(K.cpu_linear(x, w_inf), F.linear(x, w_inf))
     monkeypatch.setattr(cpu_gemm, "ENV", dataclasses.replace(cpu_gemm.ENV, disable_onednn=True))
     assert torch.equal(K.cpu_linear(x, w), F.linear(x, w))  # MINISGL_DISABLE_ONEDNN=1
+
+
+# ---- the kernel-backed layers and the pass that swaps them in -------------------------------------
+def _tiny_qwen3(device: str, dtype: torch.dtype):
+    """The bundled tiny Qwen3 (qk-norm, two layers) with random weights, as the engine builds it."""
+    from pathlib import Path
+
+    from minisgl.models import ModelConfig, create_model, load_dummy
+
+    cfg = ModelConfig.from_dir(Path(__file__).resolve().parent.parent / "models" / "tiny-qwen3")
+    model = create_model(cfg, dtype, torch.device(device))
+    load_dummy(model, 0)
+    return model
+
+
+def _kernel_layer_checks(device: str, dtype, tol: float, rows=(1, 5)) -> None:
+    """Each kernel-backed layer against the plain layer it subclasses, on the same weights, for a decode
+    step's rows and a prefill's."""
+    from minisgl.kernel.layers import KernelLinearColParallelMerged, KernelLinearRowParallel, KernelRMSNorm, KernelRotaryEmbedding
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    norm = _norm(torch.randn(64, dtype=dtype, device=dev))
+    fast_norm = KernelRMSNorm(64, 1e-6, dtype=dtype, device=dev)
+    fast_norm.weight.copy_(norm.weight)
+    rope, fast_rope = (cls(32, 256, 1e6, None, dev) for cls in (RotaryEmbedding, KernelRotaryEmbedding))
+    gate_up, fast_gate_up = (cls(64, [48, 48], dtype=dtype, device=dev) for cls in (LinearColParallelMerged, KernelLinearColParallelMerged))
+    down, fast_down = (cls(48, 64, dtype=dtype, device=dev) for cls in (LinearRowParallel, KernelLinearRowParallel))
+    gate_up.weight.copy_(torch.randn(96, 64) / 8)
+    fast_gate_up.weight.copy_(gate_up.weight)
+    down.weight.copy_(torch.randn(64, 48) / 7)
+    fast_down.weight.copy_(down.weight)
+    for n in rows:
+        x, r = torch.randn(n, 64, dtype=dtype, device=dev), torch.randn(n, 64, dtype=dtype, device=dev)
+        _close(fast_norm(x), norm(x), dtype, tol)
+        for got, want in zip(fast_norm.forward_residual(x, r), norm.forward_residual(x, r)):
+            _close(got, want, dtype, tol)
+        q, k, _ = _qkv(n, 4, 2, 32, dtype, dev)
+        pos = torch.randint(0, 256, (n,), device=dev)
+        for got, want in zip(fast_rope(pos, q, k), rope(pos, q, k)):
+            _close(got, want, dtype, tol)
+        _close(fast_gate_up.forward_silu_and_mul(x), gate_up.forward_silu_and_mul(x), dtype, tol)
+        h = torch.randn(n, 48, dtype=dtype, device=dev)
+        _close(fast_down(h), down(h), dtype, tol)
+
+
+_LAYERS_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_ch19_kernels import _kernel_layer_checks
+_kernel_layer_checks("cpu", torch.float32, 1e-5)
+print("ok")
+"""
+
+
+def test_kernel_layers_match_the_plain_layers_under_the_triton_interpreter():
+    """The norm, RoPE and activation kernels behind the kernel-backed layers, run by Triton's interpreter
+    on float32 CPU tensors, against the layers' plain forward."""
+    _interpret(_LAYERS_INTERPRETED)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_layers_match_the_plain_layers(dtype):
+    _kernel_layer_checks("cuda", dtype, 2e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_the_pass_on_the_cpu_packs_the_projections_and_keeps_their_products():
+    from minisgl.kernel import cpu_gemm
+    from minisgl.kernel.swap import layers_of
+
+    model = _tiny_qwen3("cpu", torch.float32)
+    if not cpu_gemm.ONEDNN or cpu_gemm.ENV.disable_onednn:
+        pytest.skip("oneDNN is not in this build of torch (or MINISGL_DISABLE_ONEDNN=1)")
+    mlp = model.model.layers[0].mlp
+    plain_w = mlp.gate_up_proj.weight.clone()
+    x = torch.randn(3, plain_w.shape[1])
+    want = mlp(x)
+    before = {id(op): type(op).__name__ for op in layers_of(model)}
+    swapped = K.swap_in_kernels(model)
+    projections = ("LinearQKVMerged", "LinearColParallelMerged", "LinearRowParallel", "ParallelLMHead")
+    assert set(swapped) == set(projections)  # norms and RoPE stay plain on the CPU
+    assert sum(swapped.values()) == sum(name in projections for name in before.values())
+    assert mlp.gate_up_proj.weight.is_mkldnn and torch.equal(cpu_gemm.plain(mlp.gate_up_proj.weight), plain_w)
+    torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-5)  # the same products, summed in another order
+    assert K.swap_in_kernels(model) == {}  # a second run changes nothing
+
+
+@gpu
+def test_the_pass_on_a_gpu_swaps_every_layer_a_kernel_serves_and_the_switch_keeps_them_plain(monkeypatch):
+    from minisgl.kernel import util
+
+    monkeypatch.setattr(util, "ENV", dataclasses.replace(util.ENV, disable_kernels=True))
+    assert K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16)) == {}  # MINISGL_DISABLE_KERNELS=1
+    monkeypatch.undo()
+    swapped = K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16))
+    assert swapped == {"RMSNorm": 2 * 4 + 1, "RotaryEmbedding": 1, "LinearQKVMerged": 2, "LinearColParallelMerged": 2,
+                       "LinearRowParallel": 4}  # the LM head keeps cuBLAS
+
+
+@gpu
+def test_engine_logits_with_the_kernels_match_the_plain_layers(tmp_path, monkeypatch):
+    """Through the torch attention backend, so only the layers differ: the plain model against the one
+    the pass gave kernels."""
+    from minisgl.kernel import util
+    from test_ch17_flashinfer import _first_logits, rel_err, small_qwen3
+
+    model = small_qwen3(tmp_path)
+    rng = random.Random(0)
+    prompts = [[rng.randint(0, 2000) for _ in range(n)] for n in (1, 2, 40)]
+    got = _first_logits(model, "torch", prompts, 16)
+    monkeypatch.setattr(util, "ENV", dataclasses.replace(util.ENV, disable_kernels=True))
+    want = _first_logits(model, "torch", prompts, 16)
+    assert rel_err(got, want) < 3e-2 and torch.equal(got.argmax(-1), want.argmax(-1))
 
 
 # ---- the triton-decode backend against the torch backend (GPU) ----------------------------------
@@ -537,18 +637,16 @@ def test_the_regimes_are_ordered_as_the_table_says():
 
 
 def _count_rope_launches(monkeypatch) -> dict:
-    """Count the separate RoPE-and-store launches, by the backend and inside `decode_attention`."""
-    from minisgl.kernel import decode as decode_module
-
-    calls = {"backend": 0, "kernel": 0}
-    for module, key in ((tdb, "backend"), (decode_module, "kernel")):
-        real = module.apply_rope_and_store
+    """Count the separate RoPE-and-store launches of the backend, and its falls back to the plain sequence."""
+    calls = {"backend": 0, "plain": 0}
+    for owner, name, key in ((tdb, "apply_rope_and_store", "backend"), (tdb.FlashInferAttnBackend, "forward", "plain")):
+        real = getattr(owner, name)
 
         def counted(*args, _real=real, _key=key, **kwargs):
             calls[_key] += 1
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(module, "apply_rope_and_store", counted)
+        monkeypatch.setattr(owner, name, counted)
     return calls
 
 
@@ -579,7 +677,7 @@ def _check_triton_decode(monkeypatch, bs: int, page_size: int, thresholds: Decod
         assert meta.order is None and entries == lens
     layers = got[0].shape[0]
     # rope inside the decode kernel (no separate launch), or one fused RoPE-and-store launch a layer first
-    assert calls == {"backend": 0 if bs <= t.rope_in_kernel_max_bs else layers, "kernel": 0}
+    assert calls == {"backend": 0 if bs <= t.rope_in_kernel_max_bs else layers, "plain": 0}
 
 
 @gpu

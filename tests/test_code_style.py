@@ -76,10 +76,22 @@ def test_model_and_layer_code_calls_no_gpu_hook(folder):
     assert not used, used
 
 
-def test_models_import_no_kernel():
-    """Models build from layers; the kernels are the layers' business (one op each) or a backend's."""
-    found = [str(p.relative_to(ROOT)) for p, src in _sources(PACKAGE / "models") if re.search(r"^\s*(from|import) minisgl\.kernel", src, re.M)]
+def _asks_for_kernels(src: str) -> bool:
+    """Imports `minisgl.kernel` (any form) or branches on a tensor's device (`is_cuda`)."""
+    return bool(re.search(r"^\s*(from|import) minisgl\.kernel|^\s*from minisgl import kernel|\.is_cuda\b", src, re.M))
+
+
+@pytest.mark.parametrize("folder", ["models", "layers"])
+def test_models_and_layers_ask_for_no_kernel(folder):
+    """Models build from layers, and layers are the plain PyTorch reference: the kernels are swapped in by
+    the pass after loading (`minisgl.kernel.swap`) or called by an attention backend."""
+    found = [str(p.relative_to(ROOT)) for p, src in _sources(PACKAGE / folder) if _asks_for_kernels(src)]
     assert not found, found
+
+
+def test_the_kernel_check_sees_an_import_and_a_device_branch():
+    assert _asks_for_kernels("from minisgl import kernel\n") and _asks_for_kernels("from minisgl.kernel.rope import x\n")
+    assert _asks_for_kernels("    if x.is_cuda:\n") and not _asks_for_kernels("import torch\n")
 
 
 def _comments(src: str) -> Iterator[Tuple[int, str]]:

@@ -9,7 +9,7 @@ from judge import harness
 from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.scheduler import prefill
-from minisgl.scheduler.prefill import PrefillManager
+from minisgl.scheduler.chunked import ChunkedPrefillManager
 
 
 def _order(obs: Obs, cache, queue: List, tag: str = "") -> None:
@@ -83,7 +83,7 @@ def _run(obs: Obs, schedule_policy: str, prompts: Sequence[Sequence[int]], max_t
     table, cache = harness.managers(rows=rows, num_pages=num_pages, page_size=page_size, max_seq_len=256)
     for ids in warm:
         harness.cache_prefix(cache, ids)
-    pm = PrefillManager(table, cache, budget, schedule_policy=schedule_policy)
+    pm = ChunkedPrefillManager(table, cache, budget, schedule_policy=schedule_policy)
     arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
     live, computed, tag = [], 0, f"{schedule_policy}, "
     decode_turn = False  # as the Scheduler: a step that leaves a prompt half done is followed by a decode step
@@ -172,8 +172,37 @@ def random_runs(obs: Obs, seed: int) -> None:
         _run(obs, pol, prompts, max_tokens, rows=rows, num_pages=pages, page_size=ps, budget=budget, arrivals=arrivals)
 
 
+def make_scheduler(config):
+    """The engine's complete scheduler (every extension over chapter 7's `Scheduler`: chunked
+    prefill, overlap, ...), keeping each request's tokens and finish reason as
+    `harness.make_scheduler`'s does."""
+    from minisgl.scheduler import scheduler_bases
+
+    class Recording(*scheduler_bases()):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.outputs = {}
+
+        def on_token(self, req, token, finish_reason):
+            out = self.outputs.setdefault(req.uid, harness.Finished())
+            if token is not None:
+                out.tokens.append(int(token))
+            out.finish_reason = finish_reason
+
+    return Recording(config)
+
+
 @case("tiny-llama: shared-prefix traffic under lpm, with overlap scheduling", kind=E2E, hint=5)
 def engine_lpm(obs: Obs) -> None:
     prompts = _groups(random.Random(5), 3, 3, 16, 3)
     cfg = replace(harness.scheduler_config(num_pages=64, max_running_reqs=2, overlap=True), schedule_policy="lpm")
-    harness.generate(obs, cfg, prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    sched = make_scheduler(cfg)
+    uids = [sched.add_request(p, SamplingParams(max_tokens=3, ignore_eos=True)) for p in prompts]
+    harness.run_until_idle(sched)
+    for i, uid in enumerate(uids):
+        out = sched.outputs.get(uid, harness.Finished())
+        obs.eq(f"request {i}: generated token ids", out.tokens)
+        obs.eq(f"request {i}: finish reason", out.finish_reason)
+    harness.record_trace(obs, sched.trace)
+    sched.assert_all_free()
+    obs.eq("after the run: pages held by the prefix cache", sched.cache.prefix_cache.size // sched.cache.page_size)

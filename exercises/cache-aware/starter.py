@@ -1,17 +1,18 @@
 """Exercise cache-aware (chapter 22, the capstone): longest-prefix-match scheduling.
 
 Write three pieces: the policy `longest_prefix_first`, and in `PrefillManager` the method that
-picks the order (`admission_order`) and the prefill schedule that walks it
-(`schedule_next_batch`). `PrefillAdder` (try_admit, continue_chunk), the cache manager and the
-radix cache are the engine's. Grade with `python judge.py cache-aware`.
+picks the order (`admission_order`) and the admission loop that walks it (`admit_in_order`).
+`PrefillAdder` (try_admit), the prefill schedules that call your two methods (chapter 7's and
+chapter 10's), the cache manager and the radix cache are the engine's.
+Grade with `python judge.py cache-aware`.
 """
 
 from collections import deque  # noqa: F401  (you will likely want it)
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
-from minisgl.core import Batch, Req  # noqa: F401
+from minisgl.core import Req
 from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.prefill import PendingReq, PrefillAdder  # noqa: F401
+from minisgl.scheduler.prefill import PendingReq, PrefillAdder
 from minisgl.scheduler.prefill import PrefillManager as EnginePrefillManager
 
 
@@ -31,10 +32,8 @@ class PrefillManager(EnginePrefillManager):
         (`self.schedule_policy`)."""
         raise NotImplementedError("cache-aware: write PrefillManager.admission_order")
 
-    def schedule_next_batch(self, reserved_pages: int) -> Optional[Batch]:
-        """One prefill batch, or None. A half-done prompt (`self.chunked`) continues first,
-        leaving `newcomer_share` of the budget; then requests are offered in `admission_order()`
-        (whole only beside a chunk) and admission stops at the first refusal. Admitted requests
-        leave `self.pending`; the others stay in arrival order. The request still cut, if any, is
-        remembered in `self.chunked`."""
-        raise NotImplementedError("cache-aware: write PrefillManager.schedule_next_batch")
+    def admit_in_order(self, adder: PrefillAdder, order: Sequence[PendingReq], reqs: List[Req]) -> List[Req]:
+        """Offer the requests of `order` to `adder.try_admit`, appending each admitted one to
+        `reqs`, until the first refusal; return `reqs`. Admitted requests leave `self.pending`;
+        the others stay in arrival order."""
+        raise NotImplementedError("cache-aware: write PrefillManager.admit_in_order")

@@ -7,7 +7,7 @@ import torch
 from judge import harness
 from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
-from minisgl.scheduler.prefill import PrefillManager
+from minisgl.scheduler.chunked import ChunkedPrefillManager
 
 
 class Sim:
@@ -16,7 +16,9 @@ class Sim:
     def __init__(self, obs: Obs, page_size: int, num_pages: int = 96, chunk: int = 64) -> None:
         self.obs = obs
         self.table, self.cache = harness.managers(rows=4, num_pages=num_pages, page_size=page_size)
-        self.prefill = PrefillManager(self.table, self.cache, chunk)
+        # chunked admission (a prompt longer than `chunk` is cut), so a request can also end
+        # halfway through its prompt, as one aborted between chunks does
+        self.prefill = ChunkedPrefillManager(self.table, self.cache, chunk)
         self.live = {}
 
     def admit(self, uid: int, ids, max_tokens: int) -> None:

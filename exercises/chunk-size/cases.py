@@ -5,7 +5,7 @@ import random
 from judge import harness
 from judge.api import E2E, Obs, case
 from minisgl.core import SamplingParams
-from minisgl.scheduler.prefill import PrefillManager
+from minisgl.scheduler.chunked import ChunkedPrefillManager
 
 
 def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 256, arrivals=None, max_steps: int = 60, warm=()) -> None:
@@ -14,7 +14,7 @@ def _schedule(obs: Obs, budget: int, prompts, rows: int = 4, num_pages: int = 25
     table, cache = harness.managers(rows=rows, num_pages=num_pages, max_seq_len=256)
     for ids in warm:
         harness.cache_prefix(cache, ids)
-    pm = PrefillManager(table, cache, budget)
+    pm = ChunkedPrefillManager(table, cache, budget)
     arrivals = arrivals or [0] * len(prompts)
     live = []
     for step in range(max_steps):
@@ -69,9 +69,28 @@ def random_runs(obs: Obs, seed: int) -> None:
     _schedule(obs, budget, prompts, rows=rng.randint(1, 4), arrivals=sorted(rng.randint(0, 6) for _ in range(n)))
 
 
+def make_scheduler(config):
+    """Chapter 10's scheduler: chunked prefill over chapter 7's `Scheduler`, keeping each request's
+    tokens and finish reason as `harness.make_scheduler`'s does."""
+    from minisgl.scheduler import ChunkedPrefillMixin, Scheduler
+
+    class Recording(ChunkedPrefillMixin, Scheduler):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.outputs = {}
+
+        def on_token(self, req, token, finish_reason):
+            out = self.outputs.setdefault(req.uid, harness.Finished())
+            if token is not None:
+                out.tokens.append(int(token))
+            out.finish_reason = finish_reason
+
+    return Recording(config)
+
+
 def _ttft(obs: Obs, budget: int) -> None:
     """Run the engine and record, per request, the step of its first token (TTFT in steps)."""
-    from judge.harness import make_scheduler, run_until_idle, scheduler_config
+    from judge.harness import run_until_idle, scheduler_config
 
     prompts = harness.random_prompts(seed=21, n=3, lo=20, hi=40)
     sched = make_scheduler(scheduler_config(max_extend_tokens=budget))

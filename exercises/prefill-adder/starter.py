@@ -1,8 +1,8 @@
 """Exercise prefill-adder (chapter 7): admission control for one prefill batch.
 
 Write `PrefillAdder.admit`, the decision whether a waiting request joins this step's prefill
-batch. The engine calls it from `try_admit`, which handles the prefix cache around it (chapters
-8 and 9). Grade with `python judge.py prefill-adder`.
+batch. The engine calls it from `try_admit`, which does the prefix cache's part around it.
+Grade with `python judge.py prefill-adder`.
 """
 
 from typing import Optional
@@ -18,10 +18,10 @@ class PrefillAdder(EnginePrefillAdder):
         """Admit `pending`, whose first `prefix.cached_len` tokens already have KV, or return None
         and change nothing.
 
-        It fits when a table row is free, some token budget is left, and the KV pool can hold the
-        request to its end on top of the pages promised to requests admitted before
-        (`self.reserved_pages`). An admitted request has its row, its prompt in the token pool,
-        and computes as much of the rest of its prompt as the budget allows; the adder's budget
-        and promises account for it.
+        It fits when a table row is free, the `self.tokens_to_compute(...)` tokens it computes fit
+        in what is left of `self.token_budget` (the batch's first prompt, `self.spent == 0`, fits
+        whatever its length), and the KV pool can hold the request to its end on top of the pages
+        promised before (`self.reserved_pages`). An admitted request has its row and its prompt in
+        the token pool; `token_budget`, `spent` and `reserved_pages` account for it.
         """
         raise NotImplementedError("prefill-adder: write PrefillAdder.admit")

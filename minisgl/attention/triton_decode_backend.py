@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
-from minisgl.kernel import DecodeScratch, PendingRope, apply_rope_and_store, decode_attention, decode_splits, store_kv
+from minisgl.kernel import (DecodeScratch, PendingRope, apply_rope_and_store, decode_attention, decode_rope_fits,
+                            decode_splits, kernels_enabled, rope_and_store_fits, store_kv)
 from minisgl.kernel.decode import LARGE_TILE, SMALL_TILE, DecodeTile
 from minisgl.kvcache.mha_pool import MHAKVCache
 
@@ -62,7 +63,7 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
                  thresholds: DecodeThresholds = THRESHOLDS):
         super().__init__(kv_cache, page_table, num_qo_heads, pad_slot)
         self.thresholds = thresholds
-        self.triton_decodes = self.head_dim <= thresholds.max_head_dim
+        self.triton_decodes = self.head_dim <= thresholds.max_head_dim and kernels_enabled()
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         rows = page_table.shape[0] - 1
         pieces = max(bs * self.splits(bs) for bs in range(1, rows + 1))
@@ -108,11 +109,14 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
         k_flat, v_flat = self._flat[layer_id]
         rope = PendingRope(batch.positions, k, v, batch.out_loc, qk.rotary.cos, qk.rotary.sin, _norm_weights(qk))
         meta = batch.attn_metadata
-        if isinstance(meta, TritonDecodeMetadata) and meta.size <= self.thresholds.rope_in_kernel_max_bs:
+        decoding = isinstance(meta, TritonDecodeMetadata)
+        if decoding and meta.size <= self.thresholds.rope_in_kernel_max_bs and decode_rope_fits(q, rope):
             return self._decode(q, layer_id, meta, rope)
+        if not rope_and_store_fits(q, k, v, rope.cos, rope.sin, k_flat, v_flat, rope.qk_norm):
+            return super().forward(q, k, v, layer_id, batch, qk)  # the plain sequence, through `attend`
         q = apply_rope_and_store(rope.positions, q, k, v, rope.cos, rope.sin, k_flat, v_flat, rope.out_loc,
                                  rope.qk_norm)
-        if isinstance(meta, TritonDecodeMetadata):
+        if decoding:
             return self._decode(q, layer_id, meta)
         return meta.wrapper.run(q, self._paged[layer_id])
 

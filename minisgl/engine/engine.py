@@ -6,11 +6,12 @@ runs the model, moves each request's ledger on (`complete_one`) and returns samp
 Weights are held once. Engines built in one process from the same checkpoint (same files, model
 config, dtype, device and rank) share one set of weight tensors, so a notebook or a test suite that
 builds several engines holds the model once; an edit to one engine's weights is seen by all of them.
-On the CPU in float32, each projection keeps its weight only in oneDNN's layout (`cpu_gemm.pack`).
+Once loaded, the model goes through the package's kernel pass where the package has one (`KERNEL_PASS`).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 import types
@@ -26,7 +27,6 @@ from minisgl.distributed.comm import min_over_ranks
 from minisgl.distributed.info import TPInfo, set_tp_info
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.layers.base import BaseOP
-from minisgl.layers.linear import pack_projections
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
 from minisgl.utils import div_ceil, package_has
 from minisgl.utils.logger import get_logger
@@ -70,6 +70,14 @@ def _adopt(model: BaseOP, tensors: Dict[str, torch.Tensor]) -> None:
             owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
         assert getattr(owner, leaf).shape == tensor.shape, name
         setattr(owner, leaf, tensor)
+
+
+KERNEL_PASS = "minisgl.kernel.swap"  # swaps kernels into the model's layers (a staged package may lack it)
+
+
+def _swap_in_kernels(model: BaseOP) -> None:
+    if package_has(KERNEL_PASS):
+        importlib.import_module(KERNEL_PASS).swap_in_kernels(model)
 
 
 class Engine:
@@ -121,12 +129,13 @@ class Engine:
         loaded = _loaded().get(key) if key is not None else None
         if loaded is not None:
             _adopt(self.model, loaded.tensors)
+            _swap_in_kernels(self.model)
             return loaded
         if key is None:
             load_dummy(self.model, self.config.seed)
         else:
             load_checkpoint(self.model, self.config.model_path)
-        pack_projections(self.model)
+        _swap_in_kernels(self.model)  # before the weights are shared, so others adopt the packed ones
         loaded = LoadedWeights(self.model.state_dict())
         if key is not None:
             _loaded()[key] = loaded

@@ -1,9 +1,8 @@
-"""`silu(gate) * up` in one kernel (the PyTorch path takes three: chunk views, silu, product)."""
+"""`silu(gate) * up` in one kernel (the layer's PyTorch function takes three: chunk views, silu, product)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .util import next_pow2, use_triton
 
@@ -26,15 +25,15 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+def silu_and_mul_fits(x: torch.Tensor) -> bool:
+    """Whether `silu_and_mul` takes `x`: Triton on its device, `[tokens, 2 * inter]` with unit-stride rows."""
+    return use_triton(x) and x.dim() == 2 and x.stride(-1) == 1
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x: `[tokens, 2 * inter]` = `[gate | up]` -> `[tokens, inter]`."""
-    if not use_triton(x) or x.dim() != 2 or x.stride(-1) != 1:
-        return silu_and_mul_ref(x)
+    """`layers.activation.silu_and_mul` in one launch: `[tokens, 2 * inter]` = `[gate | up]` -> `[tokens, inter]`;
+    `x` must pass `silu_and_mul_fits`."""
+    assert silu_and_mul_fits(x)
     t, two_i = x.shape
     inter = two_i // 2
     out = torch.empty(t, inter, dtype=x.dtype, device=x.device)

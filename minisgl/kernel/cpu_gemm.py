@@ -1,13 +1,12 @@
 """Float32 projections on the CPU through oneDNN, with each weight in oneDNN's blocked layout.
 
 `F.linear` on the CPU goes to MKL's GEMM, which on the small row counts of decoding runs far below
-the machine's rate. oneDNN's GEMM takes the weight already in its own blocked layout. An engine
-converts each projection's weight once when it loads (`pack`) and holds only that copy, so its
-weights take no more memory than the plain ones. Any other float32 weight (a layer built by hand, a
-test's tensor) is converted at its first product and the copy kept on the weight tensor, tagged with
-the tensor's version counter, so a weight loaded or edited in place is converted again. A decode
-step then runs about a quarter faster (measured: minisgl/benchmark/RESULTS.md).
-`MINISGL_DISABLE_ONEDNN=1` goes back to `F.linear` on plain weights.
+the machine's rate. oneDNN's GEMM takes the weight already in its own blocked layout. The kernel pass
+(`swap_in_kernels`) converts each projection's weight once after loading (`pack`) and the engine holds
+only that copy, so its weights take no more memory than the plain ones. Any other float32 weight (the
+tied LM head's, a test's tensor) is converted at its first product and the copy kept on the weight
+tensor, tagged with the tensor's version counter, so a weight loaded or edited in place is converted
+again. `MINISGL_DISABLE_ONEDNN=1` goes back to `F.linear` on plain weights.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from .rope import PendingRope, apply_rope_and_store, apply_rope_and_store_ref
+from .rope import PendingRope
 from .util import next_pow2, use_triton
 
 
@@ -204,22 +204,7 @@ def _group_pad(group: int) -> int:
     return max(16, next_pow2(group))  # tl.dot needs at least 16 rows
 
 
-def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                         rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
-    """q `[bs, q_heads, d]`; caches `[slots, kv_heads, d]`; request i attends to the slots
-    `page_table[rows[i], :kv_lens[i]]`. Returns `[bs, q_heads, d]` in q's dtype."""
-    out = torch.empty_like(q)
-    group = q.shape[1] // k_cache.shape[1]
-    for i, (row, n) in enumerate(zip(rows.tolist(), kv_lens.tolist())):
-        slots = page_table[row, :n].long()
-        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [n, q_heads, d]
-        v = v_cache[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,nhd->hn", q[i].float(), k) / math.sqrt(q.shape[-1])
-        out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
-    return out
-
-
-def _rope_fits(q: torch.Tensor, rope: PendingRope) -> bool:
+def decode_rope_fits(q: torch.Tensor, rope: PendingRope) -> bool:
     """Whether the kernel can rotate as it attends: unit-stride heads laid out as their views of the
     projection are, rotation tables in rows, qk-norm weights contiguous in the model dtype."""
     d = q.shape[-1]
@@ -233,7 +218,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      rows: torch.Tensor, kv_lens: torch.Tensor, scratch: DecodeScratch, splits: int,
                      tile: DecodeTile = SMALL_TILE, heads_first: bool = HEADS_FIRST,
                      rope: Optional[PendingRope] = None, order: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`decode_attention_ref` in one launch; `rows` and `kv_lens` are int32 on the device (every
+    """Decode attention in one launch: request i attends to the slots `page_table[rows[i], :kv_lens[i]]` of the
+    caches (`[slots, kv_heads, d]`), as the torch backend's decode does; q `[bs, q_heads, d]`, and the
+    result `[bs, q_heads, d]` in q's dtype. `rows` and `kv_lens` are int32 on the device (every
     `kv_lens[i] >= 1`), `scratch` was allocated for at least this batch size and `splits`. Each
     request's keys are cut into `splits` near-equal splits, each read `tile.block` keys at a time.
 
@@ -244,18 +231,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     `rope`: q (then possibly a strided view of the projection) and this step's k and v are not yet
     rotated or stored; the same launch applies the norms and RoPE and writes k and v to their slots,
-    as `apply_rope_and_store` would before it (one kernel a layer fewer)."""
-    if not use_triton(q):
-        if order is not None:  # back to request order
-            rows, kv_lens = (torch.empty_like(t).index_copy_(0, order.long(), t) for t in (rows, kv_lens))
-        if rope is not None:
-            q = apply_rope_and_store_ref(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache,
-                                         rope.out_loc, rope.qk_norm)
-        return decode_attention_ref(q, k_cache, v_cache, page_table, rows, kv_lens)
-    if rope is not None and not _rope_fits(q, rope):  # rotate and store first, in the RoPE kernel
-        q = apply_rope_and_store(rope.positions, q, rope.k, rope.v, rope.cos, rope.sin, k_cache, v_cache, rope.out_loc,
-                                 rope.qk_norm)
-        rope = None
+    as `apply_rope_and_store` would before it (one kernel a layer fewer). It must pass `decode_rope_fits`."""
+    assert use_triton(q) and (rope is None or decode_rope_fits(q, rope))
     if rope is None:
         q = q.contiguous()
     bs, hq, d = q.shape

@@ -19,7 +19,9 @@ from typing import Optional
 
 import torch
 
-from .activation import silu_and_mul
+from minisgl.layers.activation import silu_and_mul as plain_silu_and_mul
+
+from .activation import silu_and_mul, silu_and_mul_fits
 from .cpu_gemm import cpu_linear
 from .util import next_pow2, use_triton
 
@@ -111,13 +113,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return cpu_linear(x, weight, bias)  # F.linear wherever oneDNN's path does not apply
 
 
-def linear_silu_and_mul_ref(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    return silu_and_mul(cpu_linear(x, gate_up))
-
-
 def linear_silu_and_mul(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """`silu_and_mul(x @ gate_up.T)` for `gate_up = [gate; up]` (`[2 * inter, hidden]`): one
-    kernel for few rows, otherwise the projection and then the activation kernel."""
-    if not gemv_applies(x, gate_up):
-        return linear_silu_and_mul_ref(x, gate_up)
-    return gemv(x, gate_up, silu_mul=True)
+    """`silu_and_mul(x @ gate_up.T)` for `gate_up = [gate; up]` (`[2 * inter, hidden]`): one kernel for
+    few rows, otherwise `linear` and then the activation (its kernel where it takes the product)."""
+    if gemv_applies(x, gate_up):
+        return gemv(x, gate_up, silu_mul=True)
+    y = linear(x, gate_up)
+    return silu_and_mul(y) if silu_and_mul_fits(y) else plain_silu_and_mul(y)

@@ -1,13 +1,13 @@
 """RMSNorm, alone (also per attention head, for qk-norm) and fused with the residual add.
 
-The PyTorch path takes about nine kernels per norm (casts, square, mean, rsqrt, products); the
-Triton path one. Rounding follows the reference: normalise in float32, round to the model
-dtype, then multiply by the weight in the model dtype.
+`RMSNorm`'s PyTorch forward takes about nine kernels per norm (casts, square, mean, rsqrt, products);
+these take one. Rounding follows the layer: normalise in float32, round to the model dtype, then
+multiply by the weight in the model dtype.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -38,7 +38,7 @@ try:
         mask = offs < D
         x = tl.load(x_ptr + r * x_stride + offs, mask=mask, other=0.0)
         res = tl.load(res_ptr + r * res_stride + offs, mask=mask, other=0.0)
-        s = x + res  # rounded to the model dtype, as the reference's `x + residual`
+        s = x + res  # rounded to the model dtype, as the layer's `x + residual`
         tl.store(sum_ptr + r * D + offs, s, mask=mask)
         sf = s.to(tl.float32)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0)
@@ -49,23 +49,22 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+def rmsnorm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `rmsnorm` takes `x`: Triton on its device, `[tokens, dim]` or `[tokens, heads, dim]` with the
+    last dimension contiguous, in the weight's dtype."""
+    return use_triton(x) and x.dim() in (2, 3) and x.stride(-1) == 1 and x.dtype == weight.dtype
 
 
-def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                          eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    s = x + residual
-    return rmsnorm_ref(s, weight, eps), s
+def add_rmsnorm_fits(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fused_add_rmsnorm` takes `x` and `residual`: two `[tokens, dim]` rows of one shape and dtype."""
+    ok = use_triton(x) and x.dim() == 2 and x.shape == residual.shape and x.stride(-1) == 1 and residual.stride(-1) == 1
+    return ok and x.dtype == weight.dtype == residual.dtype
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension of a `[tokens, dim]` or `[tokens, heads, dim]` tensor
-    (the last dimension contiguous; tokens and heads may be strided)."""
-    if not use_triton(x) or x.dim() not in (2, 3) or x.stride(-1) != 1 or x.dtype != weight.dtype:
-        return rmsnorm_ref(x, weight, eps)
+    """`RMSNorm.forward` in one launch, over the last dimension of a `[tokens, dim]` or `[tokens, heads, dim]`
+    tensor (tokens and heads may be strided); the input must pass `rmsnorm_fits`."""
+    assert rmsnorm_fits(x, weight)
     d = x.shape[-1]
     t, h = x.shape[0], (x.shape[1] if x.dim() == 3 else 1)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -76,14 +75,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """`s = x + residual` (or `x` when there is none), then `(rmsnorm(s), s)`."""
-    if residual is None:
-        return rmsnorm(x, weight, eps), x
-    ok = use_triton(x) and x.dim() == 2 and x.shape == residual.shape and x.stride(-1) == 1 and residual.stride(-1) == 1
-    if not ok or x.dtype != weight.dtype or residual.dtype != x.dtype:
-        return fused_add_rmsnorm_ref(x, residual, weight, eps)
+    """`RMSNorm.forward_residual` in one launch: `s = x + residual`, then `(rmsnorm(s), s)`; the inputs must
+    pass `add_rmsnorm_fits`."""
+    assert add_rmsnorm_fits(x, residual, weight)
     t, d = x.shape
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     s = torch.empty_like(out)

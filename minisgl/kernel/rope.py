@@ -3,8 +3,8 @@ Qwen3's per-head RMSNorm folded in when the model has one, and optionally the KV
 rotated keys and the values go straight to their slots in the pool instead of through a
 separate store kernel.
 
-The PyTorch path takes about a dozen kernels per layer (two gathers, casts, the half rotation
-by `cat`, four products, two sums). Rounding follows the reference: `cos`/`sin` are rounded to
+`RotaryEmbedding.forward` takes about a dozen kernels per layer (two gathers, casts, the half
+rotation by `cat`, four products, two sums). Rounding follows the layer: `cos`/`sin` are rounded to
 the model dtype first, and each product and the sum are rounded as PyTorch rounds them.
 """
 
@@ -15,8 +15,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from .norm import rmsnorm_ref
-from .store import store_kv, store_kv_ref
 from .util import next_pow2, use_triton
 
 try:
@@ -26,7 +24,7 @@ try:
     @triton.jit
     def norm_rope(src, w_ptr, d, mask, c, s, eps, HALF: tl.constexpr, NORM: tl.constexpr):
         """Rows of heads at `src + d` (`d`: `[1, BLOCK]` columns of a head of 2 * HALF, rows masked by
-        `mask`), optionally RMS-normalised over each head (as rmsnorm_ref rounds it, weights at `w_ptr`),
+        `mask`), optionally RMS-normalised over each head (as `RMSNorm.forward` rounds it, weights at `w_ptr`),
         then rotated by `c` and `s`, the cosine and sine of their position over the full head, in the
         rows' dtype. Each column is read with its rotate-half partner (`d + HALF` modulo the head), so the
         result comes out whole. Shared by the RoPE kernel and the decode kernel that rotates as it attends."""
@@ -102,21 +100,10 @@ class PendingRope:
     qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-def apply_rope_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
-                   sin_cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """q: `[tokens, q_heads, dim]`, k: `[tokens, kv_heads, dim]`; caches: `[max_pos, dim]` float32."""
-    cos = cos_cache[positions].unsqueeze(1).to(q.dtype)
-    sin = sin_cache[positions].unsqueeze(1).to(q.dtype)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rope_ok(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
-             sin_cache: torch.Tensor, qk_norm) -> bool:
+def rope_fits(q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+              qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None) -> bool:
+    """Whether `apply_rope` takes these: Triton on q's device, unit-stride heads of an even width, rotation
+    tables in rows, qk-norm weights contiguous in q's dtype."""
     ok = use_triton(q) and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1 and k.stride(-1) == 1
     ok = ok and q.shape[-1] % 2 == 0 and cos_cache.stride(-1) == 1 and sin_cache.stride() == cos_cache.stride()
     return ok and (qk_norm is None or (qk_norm[0].dtype == q.dtype and all(w.is_contiguous() for w in qk_norm[:2])))
@@ -149,10 +136,7 @@ def apply_rope(
 
     `qk_norm = (q_weight, k_weight, eps)` first RMS-normalises every head (Qwen3's qk-norm) in
     the same launch, so a layer spends one kernel on what took four."""
-    if not _rope_ok(positions, q, k, cos_cache, sin_cache, qk_norm):
-        if qk_norm is not None:
-            q, k = rmsnorm_ref(q, qk_norm[0], qk_norm[2]), rmsnorm_ref(k, qk_norm[1], qk_norm[2])
-        return apply_rope_ref(positions, q, k, cos_cache, sin_cache)
+    assert rope_fits(q, k, cos_cache, sin_cache, qk_norm)
     t, hq, d = q.shape
     q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     k_out = torch.empty(t, k.shape[1], d, dtype=k.dtype, device=k.device)
@@ -161,18 +145,14 @@ def apply_rope(
     return q_out, k_out
 
 
-def apply_rope_and_store_ref(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor,
-    sin_cache: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor, qk_norm: Optional[Tuple[torch.Tensor,
-                                                                                                 torch.Tensor,
-                                                                                                 float]] = None,
-) -> torch.Tensor:
-    if qk_norm is not None:
-        q, k = rmsnorm_ref(q, qk_norm[0], qk_norm[2]), rmsnorm_ref(k, qk_norm[1], qk_norm[2])
-    q, k = apply_rope_ref(positions, q, k, cos_cache, sin_cache)
-    store_kv_ref(k, v, k_cache, v_cache, out_loc)
-    return q
+def rope_and_store_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor,
+                        sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        qk_norm: Optional[Tuple[torch.Tensor, torch.Tensor, float]] = None) -> bool:
+    """Whether `apply_rope_and_store` takes these: `rope_fits`, and contiguous caches of k's heads and dtype."""
+    ok = rope_fits(q, k, cos_cache, sin_cache, qk_norm) and k_cache.is_contiguous()
+    ok = ok and v_cache.is_contiguous() and v.dim() == 3 and v.stride(-1) == 1 and v.shape == k.shape
+    ok = ok and k_cache.shape[1:] == k.shape[1:] and v_cache.shape == k_cache.shape
+    return ok and k_cache.dtype == v_cache.dtype == k.dtype == v.dtype
 
 
 def apply_rope_and_store(
@@ -185,14 +165,7 @@ def apply_rope_and_store(
     """`apply_rope`, then the rotated k and v written to slots `out_loc` of the caches
     (`[slots, kv_heads, head_dim]`, as `store_kv` writes them); returns the rotated q. On the
     GPU one launch does it all, and the rotated k is never written anywhere but the pool."""
-    ok = _rope_ok(positions, q, k, cos_cache, sin_cache, qk_norm) and k_cache.is_contiguous()
-    ok = ok and v_cache.is_contiguous() and v.dim() == 3 and v.stride(-1) == 1 and v.shape == k.shape
-    ok = ok and k_cache.shape[1:] == k.shape[1:] and v_cache.shape == k_cache.shape
-    ok = ok and k_cache.dtype == v_cache.dtype == k.dtype == v.dtype
-    if not ok:
-        q, k = apply_rope(positions, q, k, cos_cache, sin_cache, qk_norm)
-        store_kv(k, v, k_cache, v_cache, out_loc)
-        return q
+    assert rope_and_store_fits(q, k, v, cos_cache, sin_cache, k_cache, v_cache, qk_norm)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.shape[0] > 0:
         _launch(positions, q, k, q_out, k_cache, cos_cache, sin_cache, qk_norm, (v, v_cache, out_loc))

@@ -18,12 +18,15 @@ def triton_available() -> bool:
     return _HAS_TRITON
 
 
+def kernels_enabled() -> bool:
+    """Triton imports and `MINISGL_DISABLE_KERNELS` is not set."""
+    return _HAS_TRITON and not ENV.disable_kernels
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Triton for CUDA tensors; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1),
     which is how the kernels can be checked on a machine without a GPU."""
-    if not _HAS_TRITON or ENV.disable_kernels:
-        return False
-    return t.is_cuda or ENV.triton_interpret
+    return kernels_enabled() and (t.is_cuda or ENV.triton_interpret)
 
 
 def next_pow2(n: int) -> int:

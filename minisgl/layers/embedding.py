@@ -7,7 +7,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernel.cpu_gemm import cpu_linear
 from minisgl.distributed.comm import all_gather_last_dim, all_reduce
 from minisgl.distributed.info import get_tp_info
 from minisgl.utils import div_ceil
@@ -45,5 +44,5 @@ class ParallelLMHead(BaseOP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self._tied.weight if self._tied is not None else self.weight
-        logits = all_gather_last_dim(cpu_linear(x, weight))  # F.linear but for float32 on the CPU
+        logits = all_gather_last_dim(F.linear(x, weight))
         return logits[..., : self.vocab_size]

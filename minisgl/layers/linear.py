@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
+import torch.nn.functional as F
 
-from minisgl import kernel
 from minisgl.distributed.comm import all_reduce
 from minisgl.distributed.info import get_tp_info
 from minisgl.utils import div_ceil
@@ -32,7 +32,7 @@ class _Linear(BaseOP):
         return getattr(self, "bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernel.linear(x, self.weight, self._bias())  # F.linear (a GEMV kernel for few rows on CUDA)
+        return F.linear(x, self.weight, self._bias())
 
 
 class LinearReplicated(_Linear):
@@ -54,11 +54,8 @@ class LinearColParallelMerged(_Linear):
         super().__init__(sum(self.local_sizes), in_features, bias, dtype, device)
 
     def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """`silu(x @ gate.T) * (x @ up.T)` for a gate|up pair: the projection and the activation as one
-        op (on CUDA, for few rows, one kernel does both)."""
+        """`silu(x @ gate.T) * (x @ up.T)` for a gate|up pair: the projection and the activation as one op."""
         assert len(self.local_sizes) == 2 and self.local_sizes[0] == self.local_sizes[1] and self._bias() is None
-        if x.is_cuda:
-            return kernel.linear_silu_and_mul(x, self.weight)
         return silu_and_mul(self(x))
 
 
@@ -97,19 +94,7 @@ class LinearRowParallel(_Linear):
         super().__init__(out_features, in_features // tp, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(kernel.linear(x, self.weight))
+        y = all_reduce(F.linear(x, self.weight))  # partial sums, added over the ranks
         bias = self._bias()
         return y if bias is None else y + bias
 
-
-def pack_projections(op: BaseOP) -> None:
-    """Hold every projection's weight under `op` only in oneDNN's layout where that layout applies
-    (float32 on the CPU, `cpu_gemm.packable`): the plain copy is dropped (`cpu_gemm.plain` converts
-    one back). What an engine does once it has loaded; products give the same results."""
-    todo = [op]
-    while todo:
-        op = todo.pop()
-        if isinstance(op, _Linear) and kernel.cpu_gemm.packable(op.weight):
-            op.weight = kernel.cpu_gemm.pack(op.weight)
-        todo += [child for _, child in op.named_children()]
-    kernel.cpu_gemm.give_back_freed_memory()  # the plain copies' memory

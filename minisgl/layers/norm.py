@@ -4,8 +4,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from minisgl.kernel import fused_add_rmsnorm, rmsnorm
-
 from .base import BaseOP, empty_weight
 
 
@@ -17,8 +15,6 @@ class RMSNorm(BaseOP):
         self.weight = empty_weight(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:  # the same arithmetic in one fused kernel (minisgl.kernel)
-            return rmsnorm(x, self.weight, self.eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -26,8 +22,6 @@ class RMSNorm(BaseOP):
 
     def forward_residual(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Add the residual first, normalise the sum; return (normed, new residual)."""
-        if x.is_cuda:
-            return fused_add_rmsnorm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
         return self.forward(x), x

@@ -7,8 +7,6 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from minisgl.kernel.rope import apply_rope
-
 from .base import BaseOP
 from .norm import RMSNorm
 
@@ -79,8 +77,6 @@ class RotaryEmbedding(BaseOP):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, q_heads, head_dim]; k: [tokens, kv_heads, head_dim], each rotated by its position."""
-        if q.is_cuda:  # the same arithmetic in one fused kernel (minisgl.kernel)
-            return apply_rope(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

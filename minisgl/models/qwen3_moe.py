@@ -18,6 +18,7 @@ from minisgl.moe import FusedMoE, select_experts
 
 from .config import ModelConfig
 from .llama import MLP, Qwen3ForCausalLM
+from .registry import register_model
 
 _EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
@@ -62,3 +63,6 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             return None
         own, index, piece = layer.experts.place(int(expert), proj, tensor)
         return f"{prefix}.experts.{own}", index, piece
+
+
+register_model("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM)

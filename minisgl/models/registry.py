@@ -8,15 +8,13 @@ import torch
 
 from .config import ModelConfig
 from .llama import CausalLM, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from .qwen3_moe import Qwen3MoeForCausalLM
 
 _REGISTRY: Dict[str, Callable[..., CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-}
+}  # other model modules add theirs with `register_model` when imported
 
 
 def register_model(architecture: str, factory: Callable[..., CausalLM]) -> None:

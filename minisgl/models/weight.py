@@ -92,7 +92,7 @@ def load_checkpoint(model: CausalLM, model_dir: str | Path) -> None:
 def _place(model: CausalLM, params, name: str, tensor: torch.Tensor, tp) -> Tuple[Optional[str], Optional[slice],
                                                                                   torch.Tensor]:
     """Where a checkpoint tensor goes: (parameter name, row slice or None, the tensor slice)."""
-    hook = getattr(model, "place_checkpoint_tensor", None)  # models with their own layouts (MoE experts)
+    hook = getattr(model, "place_checkpoint_tensor", None)  # models with their own layouts of some tensors
     placed = hook(params, name, tensor) if hook is not None else None
     if placed is not None:
         return placed

@@ -6,7 +6,7 @@ Python loop and no copy of the tokens into per-expert buffers.
 
     rows r = t*top_k + k          (token t's k-th expert)
     GEMM 1: h[r]   = x[t] @ w13[e]^T          [rows, 2*inter]
-            a[r]   = silu(gate) * up          [rows, inter]     (PyTorch)
+            a[r]   = silu(gate) * up          [rows, inter]     (the activation kernel)
     GEMM 2: y[r]   = w_r * a[r] @ w2[e]^T     [rows, hidden]    (routing weight folded in)
     out[t] = sum over k of y[t*top_k + k]                       (PyTorch)
 
@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernel.activation import silu_and_mul as fused_silu_and_mul
+from minisgl.kernel.activation import silu_and_mul_fits
 from minisgl.layers.activation import silu_and_mul
 
 from .align import AlignedRows, moe_align_block_size
@@ -95,7 +97,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     aligned = moe_align_block_size(topk_ids, block_size_for(num_rows, num_experts), num_experts)
     h = torch.empty(num_rows, two_inter, dtype=x.dtype, device=x.device)
     _grouped_gemm(x, w13, h, aligned, top_k, None)
-    act = silu_and_mul(h)
+    act = fused_silu_and_mul(h) if silu_and_mul_fits(h) else silu_and_mul(h)  # one launch where Triton runs
     y = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
     _grouped_gemm(act, w2, y, aligned, 1, topk_weights.flatten().contiguous())
     return y.view(tokens, top_k, hidden).sum(dim=1)

@@ -66,8 +66,8 @@ class CacheManager:
         return pages
 
     def allocate(self, reqs: Iterable[Req]) -> None:
-        """Give every request slots for positions [cached_len, device_len) in its page-table row:
-        the page table's mapping (`TableManager.map_pages`), with pages from the free list (evicting from the prefix cache
+        """Give every request slots for positions [cached_len, device_len) in its page-table row
+        (`TableManager.map_pages`), with pages from the free list (evicting from the prefix cache
         when the free list runs short)."""
         TableManager.map_pages(self.page_table, list(reqs), self.page_size, self._take_pages)
 

@@ -14,11 +14,15 @@ def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
     """Raise ValueError unless the policy exists and the prefix cache can serve it."""
     if schedule_policy not in SCHEDULE_POLICIES:
         raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
-    if schedule_policy == "lpm" and prefix_cache != "radix":
-        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs "
-                         "prefix_cache='radix'")
+    keeps = getattr(PREFIX_CACHES.get(prefix_cache), "keeps_prefixes", False)
+    if schedule_policy == "lpm" and not keeps:
+        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs a prefix cache "
+                         f"that keeps prefixes (prefix_cache='radix'); got {prefix_cache!r}")
 
 
+def default_prefix_cache() -> str:
+    """The radix cache where the package has it, else the naive one."""
+    return "radix" if "radix" in PREFIX_CACHES else "naive"
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class SchedulerConfig:
     """what runs when: batching, prefix reuse, the prefill budget, overlap"""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    prefix_cache: str = field(default="radix", metadata={
+    prefix_cache: str = field(default_factory=default_prefix_cache, metadata={
         "choices": tuple(sorted(PREFIX_CACHES)), "aliases": ("cache_type",),
         "help": "the prefix cache by name: radix reuses shared prompt prefixes; naive reuses nothing"})
     # None is resolved in __post_init__, to a budget suited to the device, so that one long

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from minisgl.core import Batch
+from minisgl.core import Batch, SamplingParams
 from minisgl.engine import SamplerOutput
 
 from .scheduler import ForwardResult, extends_scheduler, to_host
@@ -34,6 +34,9 @@ class LogprobResult(ForwardResult):
 @extends_scheduler("logprobs")
 class LogprobMixin:
     """Returns log-probabilities to the requests that ask. Put in front of `Scheduler`."""
+
+    def unserved(self, params: SamplingParams) -> List[str]:
+        return [name for name in super().unserved(params) if name != "logprobs"]
 
     def make_result(self, batch: Batch, sampled: List[bool], out: SamplerOutput) -> ForwardResult:
         base = super().make_result(batch, sampled, out)

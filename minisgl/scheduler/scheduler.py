@@ -122,11 +122,20 @@ class Scheduler:
             if any(t >= vocab for t in ids):
                 raise InvalidRequestError(f"{name} names token {max(ids)}, but the model's vocabulary has {vocab} "
                                           f"tokens (ids 0..{vocab - 1})")
+        if unserved := self.unserved(params):
+            raise InvalidRequestError(f"this engine cannot honour {', '.join(unserved)}: leave "
+                                      f"{'it' if len(unserved) == 1 else 'them'} unset")
         pool_tokens = self.cache.num_pages * self.cache.page_size
         if div_ceil(n + params.max_tokens - 1, self.cache.page_size) > self.cache.num_pages:
             # the last token's KV is never written: prompt plus max_tokens may reach pool_tokens + 1
             raise InvalidRequestError(too_long(n, params.max_tokens, pool_tokens + 1,
                                                f"the KV pool holds {pool_tokens} tokens"))
+
+    def unserved(self, params: SamplingParams) -> List[str]:
+        """The fields `params` sets that this scheduler cannot honour (the mixins that can take
+        theirs out), so that no request runs with a wish silently dropped."""
+        asked = {"json_mode": params.json_mode != "off", "logprobs": params.logprobs >= 0}
+        return [name for name, on in asked.items() if on]
 
     def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams,
                     uid: Optional[int] = None) -> int:

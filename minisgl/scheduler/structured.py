@@ -9,7 +9,7 @@ every launched batch is read before the next is planned (overlap pauses).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -34,6 +34,9 @@ class StructuredOutputMixin:
             for older in list(getattr(self, "unprocessed", ())):
                 self.process_results(older)
         super().step()
+
+    def unserved(self, params: SamplingParams) -> List[str]:
+        return [name for name in super().unserved(params) if name != "json_mode"]
 
     def validate(self, input_ids: Sequence[int], params: SamplingParams) -> None:
         super().validate(input_ids, params)
