@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,12 +48,12 @@ class Finished:
     finish_reason: Optional[str] = None
 
 
-def make_scheduler(config):
-    """The engine's complete scheduler (every registered mixin over `Scheduler`), keeping every
-    request's tokens and finish reason."""
+def make_scheduler(config, bases: Optional[Tuple[type, ...]] = None):
+    """A scheduler keeping every request's tokens and finish reason: the engine's complete one
+    (every registered mixin over `Scheduler`), or one of `bases` (chapter 7's: `(Scheduler,)`)."""
     from minisgl.scheduler import scheduler_bases
 
-    class Recording(*scheduler_bases()):
+    class Recording(*(bases or scheduler_bases())):
         def __init__(self, cfg):
             super().__init__(cfg)
             self.outputs: Dict[int, Finished] = {}
@@ -80,10 +80,12 @@ def run_until_idle(sched, max_steps: int = 400) -> int:
     return steps
 
 
-def generate(obs: Obs, config, prompts: Sequence[Sequence[int]], params, *, trace: bool = True, rounds: int = 1, max_steps: int = 400) -> None:
+def generate(obs: Obs, config, prompts: Sequence[Sequence[int]], params, *, trace: bool = True, rounds: int = 1,
+             max_steps: int = 400, bases: Optional[Tuple[type, ...]] = None) -> None:
     """Run prompts to completion (`rounds` times on one scheduler, so later rounds can hit the prefix
-    cache) and record each request's tokens and finish reason, the step trace and the final state."""
-    sched = make_scheduler(config)
+    cache) and record each request's tokens and finish reason, the step trace and the final state.
+    `bases`: the scheduler's classes (default: the engine's complete scheduler)."""
+    sched = make_scheduler(config, bases)
     plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
     for rnd in range(rounds):
         uids = [sched.add_request(p, sp) for p, sp in zip(prompts, plist)]

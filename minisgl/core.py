@@ -14,6 +14,17 @@ class InvalidRequestError(ValueError):
     """A request a user can fix: the message says what is wrong and what to change."""
 
 
+def too_long(n: int, max_tokens: int, limit: int, why: str) -> str:
+    """The refusal of a prompt of `n` tokens with `max_tokens` when the two may add up to at most
+    `limit`, with a fix that is accepted when followed."""
+    head = f"prompt has {n} tokens and max_tokens is {max_tokens}, but {why}"
+    if n < limit:
+        return f"{head}: lower max_tokens to at most {limit - n}, or shorten the prompt"
+    if max_tokens < limit:
+        return f"{head}: shorten the prompt to at most {limit - max_tokens} tokens"
+    return f"{head}: shorten the prompt and lower max_tokens so that together they are at most {limit}"
+
+
 JSON_MODES = ("off", "object", "schema")
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's limit)
 

@@ -318,6 +318,8 @@ def test_the_scheduler_refuses_what_the_model_cannot_honour(llm, kw, field):
 
 # ---- the wire: the new fields travel ---------------------------------------------------------------
 
+import json  # noqa: E402
+
 from minisgl.message import DetokenizeMsg, UserMsg, deserialize, serialize  # noqa: E402
 
 

@@ -21,9 +21,10 @@ PACKAGE = ROOT / "minisgl"
 # top-level package of minisgl, or one module that sits higher than the rest of its package.
 LAYERS = [
     ("env",),  # the environment variables, read once: imports nothing of minisgl
-    ("utils", "kernel"),  # helpers and fused kernels: their switches come from env
+    ("utils",),  # helpers
     ("core", "distributed"),  # the request ledger and batch; which rank this is and the collectives
     ("kvcache", "layers", "message"),  # KV pool and prefix caches; model layers; inter-process messages
+    ("kernel",),  # fused kernels, and the pass that swaps them in for the plain layers they replace
     ("attention", "moe", "utils.mp"),  # utils/mp.py carries `message` objects over ZMQ
     ("models",),
     ("engine",),

@@ -5,6 +5,7 @@ import random
 from typing import List
 
 from judge import harness
+from minisgl.scheduler.scheduler import Scheduler
 from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.scheduler.prefill import PrefillAdder
@@ -98,4 +99,5 @@ def random_queues(obs: Obs, seed: int) -> None:
 def engine_small_pool(obs: Obs) -> None:
     prompts = harness.random_prompts(seed=11, n=6, lo=4, hi=16, shared_prefix=4)
     cfg = harness.scheduler_config(num_pages=48, max_running_reqs=3, max_extend_tokens=24, prefix_cache="naive")
-    harness.generate(obs, cfg, prompts, SamplingParams(max_tokens=6, ignore_eos=True), rounds=2)
+    # chapter 7's scheduler: whole prompts, each batch read before the next
+    harness.generate(obs, cfg, prompts, SamplingParams(max_tokens=6, ignore_eos=True), rounds=2, bases=(Scheduler,))

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 import numpy as np
 import torch
 
-from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
+from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams, too_long
 from minisgl.engine import Engine, make_sampling_plan
 from minisgl.engine.sample import SamplerOutput, SamplingPlan
 from minisgl.kvcache import create_prefix_cache
@@ -304,17 +304,6 @@ class Scheduler:
         assert self.table.available_size == self.table.max_running_reqs
         assert self.cache.free_pages + self.cache.prefix_cache.size // self.cache.page_size == self.cache.num_pages
         assert self.cache.prefix_cache.protected_size == 0, "a finished request still locks a prefix"
-
-
-def too_long(n: int, max_tokens: int, limit: int, why: str) -> str:
-    """The refusal of a prompt of `n` tokens with `max_tokens` when the two may add up to at most
-    `limit`, with a fix that is accepted when followed."""
-    head = f"prompt has {n} tokens and max_tokens is {max_tokens}, but {why}"
-    if n < limit:
-        return f"{head}: lower max_tokens to at most {limit - n}, or shorten the prompt"
-    if max_tokens < limit:
-        return f"{head}: shorten the prompt to at most {limit - max_tokens} tokens"
-    return f"{head}: shorten the prompt and lower max_tokens so that together they are at most {limit}"
 
 
 # ---- extensions ---------------------------------------------------------------------------------

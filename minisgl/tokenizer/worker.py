@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 
 import zmq
 
-from minisgl.core import InvalidRequestError
+from minisgl.core import InvalidRequestError, too_long
 from minisgl.message import (
     AbortMsg,
     BatchMsg,
@@ -90,10 +90,12 @@ class TokenizerWorker:
         n, ctx = len(ids), self.max_seq_len
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token")
-        if n >= ctx:
+        params = msg.sampling_params
+        if msg.max_tokens_from_context and n >= ctx:  # max_tokens will be what the context leaves: none
             raise InvalidRequestError(f"prompt has {n} tokens but the model's context is {ctx} tokens: shorten the "
                                       f"prompt to at most {ctx - 1} tokens")
-        params = msg.sampling_params
+        if not msg.max_tokens_from_context and n + params.max_tokens > ctx:  # a fix that is accepted when followed
+            raise InvalidRequestError(too_long(n, params.max_tokens, ctx, f"the model's context is {ctx} tokens"))
         if msg.max_tokens_from_context:
             params = dataclasses.replace(params, max_tokens=ctx - n)
         echo = ""
