@@ -524,8 +524,9 @@ def overlap_log(sched) -> List[str]:
         finish(req, reason, notify)
 
     def free_(req):
-        lines.append(f"  free   uid{req.uid}: row {req.table_idx} and its pages")
         free(req)
+        if req.uid not in sched.live:  # freed now, not held back for a launched step
+            lines.append(f"  free   uid{req.uid}: row {req.table_idx} and its pages")
 
     sched.launch, sched.process_results, sched._finish, sched._free = launch_, process_, finish_, free_
     return lines

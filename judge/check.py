@@ -13,6 +13,7 @@ from . import reference, registry, variants
 from .compare import first_difference
 from .grade import Settings, current_fingerprint, cuda_available, default_threads, expected_from, plan, run_file, run_reference, verdicts
 from .result import Status
+from .runner import reset_cancel
 
 CHECK_SEED = 20261130  # check draws the same seeds every time, so a failure can be replayed
 
@@ -106,6 +107,7 @@ def check_one(exercise_id: str, parallel: int = 1, record: bool = False) -> Exer
 
 def check(exercise_ids: Optional[List[str]] = None, jobs: int = 2, record: bool = False, echo=print) -> bool:
     ids = exercise_ids or registry.exercise_ids()
+    reset_cancel()  # an interrupted grading earlier in this process must not stop these runs
     t0 = time.perf_counter()
     echo(f"checking {len(ids)} exercises on {current_fingerprint()['device']} with {jobs} parallel jobs")
     all_ok = True

@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from . import registry
 from .declaration import DeclarationError
+from .ledger import LedgerError
 
 _STARS = {1: "*", 2: "**", 3: "***"}
 
@@ -80,16 +81,25 @@ def _write_outputs(args: argparse.Namespace, result, reason: str = "", name: str
     from pathlib import Path
 
     from . import formats
+    from .files import write_whole
 
     if args.gradescope:
         ex = registry.load(args.exercise, args.cases_dir)
         max_points = sum(ex.weight_of(c) for c in ex.cases)
         data = formats.gradescope(result, reason=reason, max_points=max_points, hidden_visibility=args.hidden_visibility)
         Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.gradescope).write_text(json.dumps(data, indent=1) + "\n")
+        write_whole(args.gradescope, json.dumps(data, indent=1) + "\n")  # a new file renamed into place: a planted link is replaced, not followed
     if args.junit:
         Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.junit).write_text(formats.junit({name or args.exercise: result if result is not None else reason}, name=f"judge: {args.exercise}"))
+        write_whole(args.junit, formats.junit({name or args.exercise: result if result is not None else reason}, name=f"judge: {args.exercise}"))
+
+
+def _protected(args: argparse.Namespace) -> List[str]:
+    """Folders the graded code may not open: those named with --protect, and where the outputs go."""
+    import os
+
+    outputs = [os.path.dirname(os.path.abspath(p)) for p in (args.gradescope, args.junit) if p]
+    return list(args.protect or []) + outputs
 
 
 def _not_started(args: argparse.Namespace, source: str, where: str) -> bool:
@@ -106,23 +116,26 @@ def _not_started(args: argparse.Namespace, source: str, where: str) -> bool:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    import tempfile
     from pathlib import Path
 
-    from . import submission
+    from . import scratch, submission
+    from .files import create_new
     from .grade import grade
 
     from . import progress
 
     registry.folder(args.exercise)
     file = Path(args.file) if args.file else None
+    protect = _protected(args)
     if file is None or not (file.is_dir() or file.suffix == ".ipynb"):
         path = (file or registry.learner_path(args.exercise)).resolve()
         if _not_started(args, path.read_text() if path.is_file() else "", _rel(path)):
             return 1
-        result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record)
+        result = grade(args.exercise, file, seed=args.seed, cases_dir=args.cases_dir, save=not args.no_record, protect=protect)
     else:  # a submission folder (an autograder's) or a notebook: the answer is found as grade-all finds it
         sub = submission.find(file, args.exercise) if file.is_dir() else submission.read(file.stem, file, args.exercise)
+        for warning in sub.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if not sub.found:
             print(f"error: nothing to grade: {sub.reason}", file=sys.stderr)
             _write_outputs(args, None, reason=sub.reason, name=str(file))
@@ -130,11 +143,15 @@ def cmd_grade(args: argparse.Namespace) -> int:
         where = _rel(sub.path.resolve()) if sub.path else str(file)
         if _not_started(args, sub.source, f"the %%judge cell of {where}" if where.endswith(".ipynb") else where):
             return 1
-        with tempfile.TemporaryDirectory(prefix="judge-grade-") as tmp:
-            copy = Path(tmp) / f"{args.exercise.replace('-', '_')}.py"
-            copy.write_text(sub.source)
-            result = grade(args.exercise, copy, seed=args.seed, cases_dir=args.cases_dir, save=False)
+        tmp = scratch.private_dir("grade")  # the judge's own folder: the graded code reads its copy, nothing beside it
+        copy = tmp / f"{args.exercise.replace('-', '_')}.py"
+        create_new(copy, sub.source)
+        try:
+            result = grade(args.exercise, copy, seed=args.seed, cases_dir=args.cases_dir, save=False, protect=protect)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         result.file = str(sub.path)
+        result.warnings.extend(sub.warnings)  # which of several files was graded: the learner sees it too
         for case in result.cases:
             case.message = case.message.replace(str(copy.resolve()), result.file).replace(str(copy), result.file)
         if not args.no_record:
@@ -148,19 +165,22 @@ def cmd_grade_all(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .batch import grade_all
+    from .gradebook import read_roster
 
-    batch = grade_all(args.submissions, args.exercise, jobs=args.jobs, seed=args.seed, cases_dir=args.cases_dir,
-                      timeout_scale=args.timeout_scale)
     out = Path(args.out or f"grades-{args.exercise}")
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    roster = read_roster(args.roster) if args.roster else None
+    batch = grade_all(args.submissions, args.exercise, out=out, jobs=args.jobs, seed=args.seed, cases_dir=args.cases_dir,
+                      timeout_scale=args.timeout_scale, resume=args.resume, only=only, roster=roster)
     paths = batch.write(out, hidden_visibility=args.hidden_visibility)
     graded = [g for g in batch.learners if g.result is not None]
     print(f"{len(graded)} of {len(batch.learners)} learners graded in {batch.seconds:.0f} s (seed {batch.seed}); "
           f"{sum(g.result.ok for g in graded)} pass every case")
     for g in batch.learners:
         r = g.result
-        print(f"  {g.learner:<24} " + (f"{r.points:g}/{r.max_points:g} points, {r.passed}/{r.total} cases" if r else f"{g.verdict}: {g.found.reason}"))
-    print(f"wrote {paths['csv']}, {paths['json']}, {paths['junit']} and {out / 'gradescope'}/<learner>/results.json")
-    return 0
+        print(f"  {g.learner:<24} " + (f"{r.points:g}/{r.max_points:g} points, {r.passed}/{r.total} cases" if r else f"{g.verdict}: {g.reason}"))
+    print(f"wrote {paths['csv']}, {paths['totals']}, {paths['json']}, {paths['junit']} and {out / 'gradescope'}/<learner>/results.json")
+    return 130 if batch.interrupted else 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -203,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gradescope", metavar="PATH", default=None, help="also write Gradescope's autograder results.json here")
     g.add_argument("--junit", metavar="PATH", default=None, help="also write the grading as JUnit XML here")
     g.add_argument("--no-record", action="store_true", help="leave .judge/results.json (your progress) as it is")
+    g.add_argument("--protect", action="append", metavar="DIR", default=None,
+                   help="a folder the graded code may not open (repeatable); the folders of --gradescope and --junit always are")
     g.set_defaults(fn=cmd_grade)
     ga = sub.add_parser("grade-all", help="instructors: grade one folder per learner; writes a table (CSV, JSON), JUnit XML and Gradescope results")
     ga.add_argument("submissions", help="a folder with one folder per learner, each holding <id>.py or a notebook with a %%%%judge <id> cell")
@@ -211,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--seed", type=int, default=None, help="the seeds of the randomised cases, the same for every learner (default: drawn once, reported)")
     ga.add_argument("--out", default=None, help="where the tables go (default: grades-<id>/)")
     ga.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every case's time limit (a slow machine)")
+    ga.add_argument("--resume", action="store_true", help="grade only the learners not yet recorded in --out (after an interrupted run)")
+    ga.add_argument("--only", default=None, metavar="NAMES", help="regrade these learners (comma-separated) and merge them with those recorded in --out")
+    ga.add_argument("--roster", default=None, metavar="FILE", help="learner names, one a line: those with no folder appear as missing")
     _course_options(ga)
     ga.set_defaults(fn=cmd_grade_all)
     for name, helptext, record in (("check", "maintainers: reference passes, starters and wrong variants fail", False),
@@ -234,9 +259,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         return args.fn(args)
-    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError) as exc:
+    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError, LedgerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `judge.py list | head`: the reader has all it wanted
         import os
 

@@ -72,9 +72,19 @@ def _describe(label: str, value: Any, path: str, how: str) -> str:
     return f"{label}{path}: {how}"
 
 
+def _count(shape: List[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _close(got: Dict[str, Any], exp: Dict[str, Any]) -> Optional[str]:
     if got.get("kind") != "close" or got["shape"] != exp["shape"]:
         return f"shape {got.get('shape')} instead of {exp['shape']}"
+    # the shape and the number of values first: zipping lists of unequal length would skip the rest
+    if len(got["value"]) != len(exp["value"]) or len(got["value"]) != _count(got["shape"]):
+        return f"{len(got['value'])} values for shape {got['shape']}, expected {len(exp['value'])}"
     atol, rtol = tolerance(exp["dtype"])
     worst, worst_i = 0.0, -1
     for i, (g, e) in enumerate(zip(got["value"], exp["value"])):
@@ -104,6 +114,7 @@ def well_formed(obs: Any) -> bool:
         if o["kind"] == "close" and not (
             isinstance(o.get("dtype"), str) and isinstance(o.get("shape"), list) and all(isinstance(n, int) for n in o["shape"])
             and isinstance(o.get("value"), list) and all(_number(v) for v in o["value"])
+            and all(n >= 0 for n in o["shape"]) and len(o["value"]) == _count(o["shape"])
         ):
             return False
     return True

@@ -51,10 +51,13 @@ def gradescope(result: Optional[GradeResult], *, reason: str = "", max_points: f
         return {"score": 0.0, "output": f"not graded: {reason}", "output_format": "text", "visibility": "visible",
                 "stdout_visibility": "hidden", "extra_data": {"max_points": max_points}, "tests": []}
     public, hidden = result.part(False), result.part(True)
+    # the top-level output is always visible: the hidden cases' count and folder only where they are
+    reveal = hidden_visibility == "visible"
     summary = [f"{result.exercise}: {sum(c.passed for c in public)}/{len(public)} public cases pass"]
-    if hidden:
+    if hidden and reveal:
         summary.append(f"hidden cases: {sum(c.passed for c in hidden)}/{len(hidden)} pass")
-    summary += [f"note: {n}" for n in result.notes] + [f"WARNING: {w}" for w in result.warnings]
+    summary += [f"note: {n}" for n in result.notes + (result.instructor_notes if reveal else [])]
+    summary += [f"WARNING: {w}" for w in result.warnings]
     tests = [_test(c, i, hidden_visibility) for i, c in enumerate(public + hidden, 1)]
     return {
         "score": result.points,

@@ -9,7 +9,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import integrity, progress, reference, registry, sandbox, speed
 from .api import HIDDEN_PREFIX, Exercise
@@ -57,9 +57,11 @@ class Settings:
     threads: int
     use_cuda: bool
     cases_dir: Optional[Path] = None  # an instructor's hidden cases, loaded by every worker
+    protect: Tuple[Path, ...] = ()  # folders the graded code may not open: the class's submissions, the outputs
 
     def kw(self) -> Dict[str, Any]:
-        return dict(memory_limit_gb=self.memory_limit_gb, threads=self.threads, use_cuda=self.use_cuda, cases_dir=self.cases_dir)
+        return dict(memory_limit_gb=self.memory_limit_gb, threads=self.threads, use_cuda=self.use_cuda, cases_dir=self.cases_dir,
+                    sandbox={"no_access": [str(p) for p in self.protect]})
 
 
 @dataclass
@@ -95,7 +97,11 @@ def expected_from(jobs: List[CaseJob], ref: WorkerReport, recorded: Optional[Dic
 
 def run_file(ex: Exercise, file: Path, jobs: List[CaseJob], settings: Settings, stop_at_first_failure: Optional[Expected] = None) -> WorkerReport:
     """The file's piece transplanted into the engine, on `jobs`; with `stop_at_first_failure`,
-    the run ends at the first case that does not pass against it (the rest are NOT_RUN)."""
+    the run ends at the first case that does not pass against it (the rest are NOT_RUN).
+
+    The public cases run in workers that never load the hidden ones, and the hidden cases in
+    workers of their own: what the graded code finds in its process's memory (a hidden case's
+    constants) can show only in the hidden cases' own verdicts."""
     on_done = None
     if stop_at_first_failure is not None:
         expected = stop_at_first_failure
@@ -103,7 +109,18 @@ def run_file(ex: Exercise, file: Path, jobs: List[CaseJob], settings: Settings, 
         def on_done(case_id: str, event: Dict[str, Any]) -> bool:
             return decide(event, expected.obs.get(case_id))[0] is not Status.PASS
 
-    return run_cases(ex.id, file, jobs, on_done=on_done, **settings.kw())
+    public = [j for j in jobs if not j.key.startswith(HIDDEN_PREFIX)]
+    hidden = [j for j in jobs if j.key.startswith(HIDDEN_PREFIX)]
+    report = run_cases(ex.id, file, public, on_done=on_done, **dict(settings.kw(), cases_dir=None))
+    if not hidden or report.fatal is not None or len(report.results) < len(public):
+        return report  # nothing hidden, or the file could not be graded, or the run stopped early
+    more = run_cases(ex.id, file, hidden, on_done=on_done, **settings.kw())
+    report.results.update(more.results)
+    if more.fatal is not None:  # it loaded for the public cases: the hidden ones say why they did not run
+        for j in hidden:
+            report.results.setdefault(j.id, {"completed": False, "status": more.fatal["status"], "error": more.fatal["error"],
+                                             "obs": [], "seconds": 0.0})
+    return report
 
 
 def decide(event: Optional[Dict[str, Any]], expected: Optional[List[Dict[str, Any]]]):
@@ -121,15 +138,27 @@ def decide(event: Optional[Dict[str, Any]], expected: Optional[List[Dict[str, An
     return (Status.PASS if diff is None else Status.FAIL), diff
 
 
+POINT_DIGITS = 6  # points are reported to a millionth; the shares of a case add up to its weight exactly at that precision
+
+
+def point_shares(weight: float, n: int) -> List[float]:
+    """`weight` shared by `n` runs (a seeded case's seeds), rounded so that the shares add up to
+    `weight` itself: the last share takes what rounding the others left over."""
+    if n <= 0:
+        return []
+    share = round(weight / n, POINT_DIGITS)
+    return [share] * (n - 1) + [round(weight - share * (n - 1), POINT_DIGITS)]
+
+
 def verdicts(ex: Exercise, jobs: List[CaseJob], expected: Expected, got: WorkerReport) -> List[CaseResult]:
     by_key = {c.key: c for c in ex.cases}
-    runs = {k: sum(j.key == k for j in jobs) for k in by_key}
+    shares = {k: point_shares(ex.weight_of(c), sum(j.key == k for j in jobs)) for k, c in by_key.items()}
     out: List[CaseResult] = []
     for i, job in enumerate(jobs):
         case = by_key[job.key]
         name = case.name + (f" (seed {job.seed})" if job.seed is not None else "")
         base = dict(name=name, kind=case.kind, hint=case.hint, seed=job.seed, key=case.key, hidden=case.hidden,
-                    weight=ex.weight_of(case) / max(runs[job.key], 1))  # a seeded case's points, shared by its seeds
+                    weight=shares[job.key].pop(0) if shares[job.key] else 0.0)  # a seeded case's points, shared by its seeds
         if got.fatal is not None:
             status = Status(got.fatal["status"]) if i == 0 else Status.NOT_RUN
             msg = got.fatal["error"] if i == 0 else "not run: your file could not be graded (see the first case)"
@@ -170,7 +199,7 @@ def timing(ex: Exercise, file: Path, settings: Settings, device: str) -> List[st
     if not ex.timed:
         return []
     jobs = [CaseJob(c.key, c.key, None, ex.timeout_for(c)) for c in ex.cases_for_timing()]
-    report = run_cases(ex.id, file, jobs, speed=True, **settings.kw())
+    report = run_cases(ex.id, file, jobs, speed=True, **dict(settings.kw(), cases_dir=None))  # public cases only
     if report.timings is None:
         why = (report.fatal or {}).get("error", "no timings came back")
         return [f"not timed: {why.splitlines()[0]}"]
@@ -224,6 +253,7 @@ class Grading:
     use_recorded: bool
     notes: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    instructor_notes: List[str] = field(default_factory=list)  # about the hidden cases: not for learners' eyes before publication
 
     @property
     def ref_jobs(self) -> List[CaseJob]:
@@ -256,13 +286,14 @@ class Grading:
         if got.skipped:
             notes.append("optional helpers you did not write (the engine's are hidden too): " + ", ".join(got.skipped))
         return GradeResult(self.ex.id, display, self.fingerprint["device"], verdicts(self.ex, self.jobs, expected, got), notes,
-                           warnings=list(self.warnings) + list(warnings or []))
+                           warnings=list(self.warnings) + list(warnings or []), instructor_notes=list(self.instructor_notes))
 
 
 def prepare(exercise_id: str, *, seed: Optional[int] = None, timeout_scale: float = 1.0, memory_limit_gb: Optional[float] = None,
-            cases_dir: Optional[str | Path] = None, parallel: int = 2) -> Grading:
+            cases_dir: Optional[str | Path] = None, parallel: int = 2, protect: Iterable[str | Path] = ()) -> Grading:
     """Everything a grading of `exercise_id` needs before it runs a file (see `Grading`)."""
     cases_dir = Path(cases_dir).expanduser().resolve() if cases_dir is not None else None
+    protect = [Path(p).expanduser().resolve() for p in protect]
     ex = registry.load(exercise_id, cases_dir)
     snap = integrity.Snapshot()  # before any learner code runs
     dirty = integrity.differs_from_git(snap, integrity.committed_ids())
@@ -294,11 +325,12 @@ def prepare(exercise_id: str, *, seed: Optional[int] = None, timeout_scale: floa
     if not sandbox.available():
         notes.append("this kernel has no Landlock, so the graded code runs unconfined: the judge puts back whatever it changes, "
                      "but could not keep it from reading the recorded references")
+    instructor_notes = []
     if cases_dir is not None:
         hidden = sum(c.hidden for c in ex.cases)
-        notes.append(f"{hidden} hidden case{'s' if hidden != 1 else ''} from {cases_dir}, their reference run on this machine")
-    settings = Settings(memory_limit_gb or ex.memory_limit_gb, default_threads(parallel), use_cuda, cases_dir)
-    return Grading(ex, jobs, settings, fp, snap, recorded, use_recorded, notes, warnings)
+        instructor_notes.append(f"{hidden} hidden case{'s' if hidden != 1 else ''} from {cases_dir}, their reference run on this machine")
+    settings = Settings(memory_limit_gb or ex.memory_limit_gb, default_threads(parallel), use_cuda, cases_dir, tuple(protect))
+    return Grading(ex, jobs, settings, fp, snap, recorded, use_recorded, notes, warnings, instructor_notes)
 
 
 def grade(
@@ -310,20 +342,23 @@ def grade(
     timeout_scale: float = 1.0,
     memory_limit_gb: Optional[float] = None,
     cases_dir: Optional[str | Path] = None,
+    protect: Iterable[str | Path] = (),
 ) -> GradeResult:
     """Grade `path` (default: work/<id>.py) on exercise `exercise_id`; returns a GradeResult.
 
     The reference and the learner's piece each run in a subprocess, in parallel. Seeded cases get
     fresh seeds unless `seed` fixes them. `timeout_scale` and `memory_limit_gb` adjust the limits
     (for slow machines, or tests of the limits themselves). `cases_dir`: an instructor's folder
-    of hidden cases (`<dir>/<id>/cases.py`), graded beside the public ones."""
+    of hidden cases (`<dir>/<id>/cases.py`), graded beside the public ones. `protect`: folders the
+    graded code may not open (where the results go, other submissions)."""
     registry.folder(exercise_id)  # an unknown id says so first
     file = Path(path) if path is not None else registry.learner_path(exercise_id)
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist: run `python judge.py start {exercise_id}` to get the starter there")
     file = file.resolve()
     record_before = progress.snapshot()  # the learner's record, which graded code must not change
-    g = prepare(exercise_id, seed=seed, timeout_scale=timeout_scale, memory_limit_gb=memory_limit_gb, cases_dir=cases_dir)
+    g = prepare(exercise_id, seed=seed, timeout_scale=timeout_scale, memory_limit_gb=memory_limit_gb, cases_dir=cases_dir,
+                protect=protect)
     warnings: List[str] = []
     reset_cancel()
     try:

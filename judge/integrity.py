@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .files import write_whole
 from .registry import REPO_ROOT
 
 # the root's *.py too: a new sitecustomize.py there would run in every interpreter the judge starts
@@ -74,7 +75,7 @@ class Snapshot:
                 path.unlink(missing_ok=True)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(self.files[c.path])
+                write_whole(path, self.files[c.path])  # a link planted in its place is replaced, not written through
 
 
 def _git_blob_id(data: bytes) -> str:

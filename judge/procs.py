@@ -137,8 +137,11 @@ def kill_tree(roots: Dict[int, Optional[int]], strays=None, passes: int = 400) -
         targets = descendants(live_roots + sorted(strays(tab) if strays else ()), tab)
         targets.discard(me)
         pending = [pid for pid in targets if tab[pid].state != "Z"]
+        # the roots (subreapers: a keeper) go last, so what dies below them is adopted by them,
+        # still in reach, and never by a process whose orphans are told apart by a marker
+        below = [pid for pid in pending if pid not in roots]
         for pid in targets:
-            if tab[pid].state != "Z":
+            if tab[pid].state != "Z" and (pid not in roots or not below):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):

@@ -71,7 +71,7 @@ def restore(before: Optional[bytes]) -> bool:
     if before is None:
         path().unlink(missing_ok=True)
     else:
-        path().write_bytes(before)
+        write_whole(path(), before)  # a link planted in its place is replaced, not written through
     return True
 
 

@@ -28,6 +28,16 @@ class Status(str, Enum):
 
 
 VERDICTS = tuple(Status)
+TEXT_LIMIT = 4000  # characters of one case's message (learner text): every output format quotes it whole
+FIELD_LIMIT = 1000  # characters of `where`, `got` and `expected`
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, its head and tail kept and the cut said."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 60, 2) // 2
+    return f"{text[:keep]}\n... ({len(text) - 2 * keep} characters cut) ...\n{text[-keep:]}"
 _MARK = {Status.PASS: "PASS", Status.FAIL: "FAIL", Status.ERROR: "ERROR", Status.TIMEOUT: "TIMEOUT", Status.OOM: "OUT OF MEMORY",
          Status.REJECTED: "REJECTED", Status.NOT_RUN: "NOT RUN"}
 _COLOR = {Status.PASS: "#1a7f37", Status.FAIL: "#cf222e", Status.ERROR: "#bc4c00", Status.TIMEOUT: "#8250df", Status.OOM: "#8250df",
@@ -52,6 +62,10 @@ class CaseResult:
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
+        # learner text (exception messages, prints, labels) is bounded before any output quotes it
+        self.message = clip(str(self.message), TEXT_LIMIT)
+        self.name = clip(str(self.name), FIELD_LIMIT)
+        self.where, self.got, self.expected = (clip(str(t), FIELD_LIMIT) for t in (self.where, self.got, self.expected))
 
     @property
     def passed(self) -> bool:
@@ -83,6 +97,7 @@ class GradeResult:
     notes: List[str] = field(default_factory=list)  # how the grading was done (device, references)
     speed: List[str] = field(default_factory=list)  # on a passing grade: the piece's time against the reference's
     warnings: List[str] = field(default_factory=list)  # files the graded code changed on disk (put back)
+    instructor_notes: List[str] = field(default_factory=list)  # about hidden cases: shown in a terminal, kept from learners' outputs
 
     @property
     def passed(self) -> int:
@@ -144,7 +159,7 @@ class GradeResult:
 
     def __str__(self) -> str:
         lines = [f"{self.exercise}: grading {self.file}"]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  note: {n}" for n in self.notes + self.instructor_notes]
         lines += [f"  WARNING: {w}" for w in self.warnings]
         hidden = self.part(True)
         for c in self.part(False):

@@ -11,21 +11,22 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from . import procs, registry
+from . import procs, registry, scratch
 from .compare import well_formed
+from .files import create_new
 from .registry import REPO_ROOT, full_engine
-from .result import Status
+from .result import TEXT_LIMIT, Status, clip
 
 STARTUP_S = 120.0  # a fresh interpreter: importing torch, the cases and the learner's file, before the first case
 LOAD_S = 30.0  # a forked worker (torch and the engine already imported): loading the learner's file
@@ -134,12 +135,11 @@ class Zygote:
         return proc
 
     @classmethod
-    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool,
-              cases_dir: Optional[str] = None) -> ForkedProc:
+    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
         """Start a worker for `job`. A fork server that does not answer (the learner's code may have
         stopped it) is replaced by a new one, once."""
         pid_path = job.with_suffix(".pid")
-        request = json.dumps({"exercise": exercise_id, "cases_dir": cases_dir, "job": str(job), "err": str(err), "pid": str(pid_path),
+        request = json.dumps({"exercise": exercise_id, "job": str(job), "err": str(err), "pid": str(pid_path),
                               "rlimit_as": rlimit_as})
         with cls._lock:  # a keeper is registered before any sweep can take it for a stray
             for attempt in range(2):
@@ -151,6 +151,9 @@ class Zygote:
                     while not (pid_path.exists() and pid_path.read_text().strip()):
                         if time.monotonic() > deadline or proc.poll() is not None:
                             raise RuntimeError("the grading fork server did not start a worker")
+                        server = procs.read(proc.pid)
+                        if server is not None and server.state in ("T", "t"):  # stopped (SIGSTOP): it never will
+                            raise RuntimeError("the grading fork server was stopped")
                         time.sleep(0.005)
                     break
                 except (BrokenPipeError, OSError, RuntimeError) as exc:
@@ -176,9 +179,11 @@ class Zygote:
             servers = {p.pid for p in cls._procs.values()}
             parents = servers | {os.getpid()}  # a dead server's orphans were adopted by the judge
             running = {k for k, start in cls._running.items() if k in tab and (start is None or tab[k].start == start)}
-            # marked: ours for certain, even where a dead server's pid was reused by another process
+            # a live server's children are its keepers, so any other is a stray, marked or not (its
+            # environment may be emptied by an exec); the judge's own children are ours only if marked
             return {p.pid for p in tab.values()
-                    if p.ppid in parents and p.pid not in servers and p.pid not in running and procs.marked(p.pid)}
+                    if p.pid not in servers and p.pid not in running
+                    and (p.ppid in servers or (p.ppid in parents and procs.marked(p.pid)))}
 
     @classmethod
     def _close_input(cls, fresh: bool) -> Optional[subprocess.Popen]:
@@ -237,6 +242,11 @@ def reset_cancel() -> None:
     _CANCEL.clear()
 
 
+def cancelled() -> bool:
+    """Whether the gradings were interrupted (`cancel_all`) since the last `reset_cancel`."""
+    return _CANCEL.is_set()
+
+
 def sweep() -> None:
     """Kill whatever learner code left adopted by the fork server or by the judge."""
     procs.kill_tree({}, strays=Zygote.strays)
@@ -264,26 +274,30 @@ def run_cases(
     remaining = list(cases)
     limit = int(memory_limit_gb * (1 << 30))
     fresh = use_cuda or not USE_ZYGOTE
-    with tempfile.TemporaryDirectory(prefix="judge-") as tmp:
+    with scratch.run_folders() as run:  # control files out of the graded code's reach; its TMPDIR beside them
+        tmp = run.control
         attempt = 0
         while remaining:
+            if _CANCEL.is_set():  # interrupted: no new worker
+                report.fatal = report.fatal or {"status": Status.NOT_RUN, "error": "grading was interrupted"}
+                return report
             attempt += 1
-            out_path = Path(tmp) / f"events-{attempt}.jsonl"
-            err_path = Path(tmp) / f"stderr-{attempt}.txt"
-            job_path = Path(tmp) / f"job-{attempt}.json"
-            job_path.write_text(json.dumps({
+            tag = f"{attempt}-{secrets.token_hex(8)}"  # names no one can plant ahead (where nothing else keeps them out)
+            out_path = Path(tmp) / f"events-{tag}.jsonl"
+            err_path = Path(tmp) / f"stderr-{tag}.txt"
+            job_path = Path(tmp) / f"job-{tag}.json"
+            create_new(job_path, json.dumps({
                 "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
                 "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
-                "cases_dir": str(cases_dir) if cases_dir else None,
+                "cases_dir": str(cases_dir) if cases_dir else None, "scratch": str(run.scratch), "private": str(scratch.base()),
                 "no_access": [str(registry.STATE_DIR), *(sandbox or {}).get("no_access", [])],  # the learner's record, wherever it is
             }))
-            out_path.touch()
+            create_new(out_path)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
             try:
-                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh,
-                                    str(cases_dir) if cases_dir else None)
+                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
             except RuntimeError as exc:
                 events.close()
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}
@@ -349,8 +363,8 @@ def _case_event(raw: Dict[str, Any]) -> Dict[str, Any]:
     recorded, every field checked; a status only where the case failed in the worker."""
     obs = raw.get("obs")
     seconds = raw.get("seconds")
-    event = {"completed": raw.get("outcome") == "returned", "status": None, "error": str(raw.get("error") or ""),
-             "obs": obs, "printed": str(raw.get("printed") or ""),
+    event = {"completed": raw.get("outcome") == "returned", "status": None, "error": clip(str(raw.get("error") or ""), TEXT_LIMIT),
+             "obs": obs, "printed": clip(str(raw.get("printed") or ""), TEXT_LIMIT),
              "seconds": float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0.0}
     if not well_formed(obs):
         event.update(completed=False, obs=[], status=Status.ERROR,
@@ -363,8 +377,16 @@ def _case_event(raw: Dict[str, Any]) -> Dict[str, Any]:
 _TOO_MANY = f"started more than {MAX_PROCS} processes at once (a fork bomb?); all of them were ended"
 
 
-def _fork_bomb(pid: int) -> bool:
-    return len(procs.descendants([pid], procs.table())) > MAX_PROCS
+def _tree(proc: ForkedProc) -> Set[int]:
+    """The worker and everything it started, counting the orphans its keeper (a subreaper) adopted."""
+    root = proc.keeper if procs.alive(proc.keeper, proc.keeper_start) else proc.pid
+    out = procs.descendants([root], procs.table())
+    out.discard(proc.keeper)
+    return out
+
+
+def _fork_bomb(proc: ForkedProc) -> bool:
+    return len(_tree(proc)) > MAX_PROCS
 
 
 def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_limit=STARTUP_S):
@@ -377,6 +399,8 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
     stopped_since: Optional[float] = None
     polls = 0
     while True:
+        if _CANCEL.is_set():
+            return False, None
         chunk = events.read()
         buf += chunk
         while "\n" in buf:
@@ -387,14 +411,15 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             except (ValueError, KeyError, AttributeError):
                 continue  # not the worker's: something else wrote to the file
             if kind == "fatal":
-                report.fatal = {"status": failure_status(event.get("kind")), "error": str(event.get("error") or "")}
+                report.fatal = {"status": failure_status(event.get("kind")), "error": clip(str(event.get("error") or ""), TEXT_LIMIT)}
             elif kind == "ready":
-                if _fork_bomb(proc.pid):
+                if _fork_bomb(proc):
                     report.fatal = {"status": Status.ERROR, "error": _TOO_MANY}
                     return False, None
                 fp, skipped = event.get("fingerprint"), event.get("skipped")
-                report.fingerprint = {str(k): str(v) for k, v in fp.items()} if isinstance(fp, dict) else {}
-                report.skipped = [str(x) for x in skipped] if isinstance(skipped, list) else []
+                # sent by the process that runs the learner's code: bounded before any note quotes it
+                report.fingerprint = {clip(str(k), 100): clip(str(v), 200) for k, v in list(fp.items())[:8]} if isinstance(fp, dict) else {}
+                report.skipped = [clip(str(x), 200) for x in skipped[:20]] if isinstance(skipped, list) else []
                 started_at = time.monotonic()
             elif kind == "speed":
                 report.timings = event.get("timings") if isinstance(event.get("timings"), dict) else None
@@ -402,7 +427,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
             elif kind == "start" and event.get("case") in timeouts:
                 current, started_at = event["case"], time.monotonic()
             elif kind == "done" and event.get("case") in timeouts:
-                if _fork_bomb(proc.pid):  # the case's processes are still there: its result does not count
+                if _fork_bomb(proc):  # the case's processes are still there: its result does not count
                     return False, _ended(Status.ERROR, _TOO_MANY, time.monotonic() - started_at)
                 finished, current = event["case"], None
                 report.results[finished] = _case_event(event)
@@ -434,7 +459,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
         polls += 1
         used = procs.rss_bytes(proc.pid)
         if polls % TREE_EVERY == 0:
-            tree = procs.descendants([proc.pid], procs.table())
+            tree = _tree(proc)
             if len(tree) > MAX_PROCS:
                 result = _ended(Status.ERROR, _TOO_MANY, now - started_at)
                 if current is None:

@@ -2,11 +2,18 @@
 
 A worker that runs a learner's file restricts itself, after the cases are loaded and before the
 file is, so that the learner's code
-- cannot read the recorded reference outputs (`judge/reference/`), the judge's state (`.judge/`:
-  the progress record, other generated files) or an instructor's hidden cases (`--cases-dir`),
+- cannot read the recorded reference outputs (`judge/reference/`, and `.git`, whose objects hold
+  them too), the judge's state (`.judge/`: the progress record, other generated files), the
+  judge's private folder (`judge.scratch`: other workers' files, other learners' copies) but for
+  its own scratch folder, or an instructor's hidden cases (`--cases-dir`),
 - cannot write anywhere in the repository (the judge, the engine, the exercises, the record),
+- cannot bind or connect a TCP socket (Landlock ABI 4),
+- cannot signal a process outside its sandbox (the judge, the fork server, its keeper, other
+  workers) where the kernel scopes signals (Landlock ABI 6),
 and may read the rest of the repository (the engine it runs in) and use the rest of the machine
-as usual (/tmp, caches). Listing directories stays allowed everywhere: names are no secret.
+as usual (caches, its scratch folder as TMPDIR). Listing directories stays allowed everywhere:
+names are no secret. A folder that holds a closed one is walked entry by entry (see `plan`), so
+the graded code can use its existing entries but cannot add new ones to it (to /tmp, say).
 
 A restriction is for good: it holds for the worker and everything it starts, and nothing can
 lift it. Where the kernel has no Landlock (before Linux 5.13, or switched off), `restrict` does
@@ -35,6 +42,15 @@ _FILE_ONLY = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE  # what a rule on a
 
 READ = _READ_FILE | _READ_DIR
 NONE = 0
+
+
+_NET_ABI, _SCOPE_ABI = 4, 6
+_BIND_TCP, _CONNECT_TCP = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+class _RulesetAttr(ctypes.Structure):  # struct landlock_ruleset_attr (ABI 6; earlier kernels read its first fields)
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -116,9 +132,18 @@ def plan(limits: Dict[Path, int], full: int) -> Dict[Path, int]:
     return rules
 
 
-def restrict(no_access: Iterable[Path], read_only: Iterable[Path], readable_files: Iterable[Path] = ()) -> Optional[str]:
+def scopes_signals() -> bool:
+    """Whether a confined process is also kept from signalling processes outside its sandbox
+    (Landlock ABI 6, Linux 6.12)."""
+    return abi_version() >= _SCOPE_ABI
+
+
+def restrict(no_access: Iterable[Path], read_only: Iterable[Path], readable_files: Iterable[Path] = (),
+             writable: Iterable[Path] = ()) -> Optional[str]:
     """Restrict this process (and all it starts) for good: nothing under `no_access`, only reading
-    under `read_only`, everything elsewhere; `readable_files` stay readable wherever they are.
+    under `read_only`, everything elsewhere; `readable_files` stay readable wherever they are, and
+    `writable` folders (inside a no-access one) stay open. Where the kernel can, the process may
+    also signal no process outside its sandbox, nor reach an abstract socket outside it.
     Returns None once restricted, or why it could not be (no Landlock here)."""
     abi = abi_version()
     if abi < 1:
@@ -128,8 +153,14 @@ def restrict(no_access: Iterable[Path], read_only: Iterable[Path], readable_file
     full = _handled(abi)
     limits = {Path(p).resolve(): READ for p in read_only}
     limits.update({Path(p).resolve(): NONE for p in no_access})
-    attr = ctypes.c_uint64(full)
-    fd = libc.syscall(nums[0], ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    limits.update({Path(p).resolve(): full for p in writable})
+    # no TCP (ABI 4): the cases need none, and the judge's machine is no one's to reach from here;
+    # signals (kill, SIGSTOP) and abstract sockets reach only this sandbox (ABI 6)
+    net = _BIND_TCP | _CONNECT_TCP if abi >= _NET_ABI else 0
+    scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= _SCOPE_ABI else 0
+    attr = _RulesetAttr(full, net, scoped)
+    size = 24 if abi >= _SCOPE_ABI else 16 if abi >= _NET_ABI else 8  # the struct as this kernel knows it
+    fd = libc.syscall(nums[0], ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:
         return f"Landlock refused a ruleset (errno {ctypes.get_errno()})"
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -24,6 +24,7 @@ class Submission:
     path: Optional[Path] = None  # the file the source came from (a .py, or the notebook)
     source: Optional[str] = None  # the code to grade; None when there is none
     reason: str = ""  # why there is no source: missing, unreadable, ...
+    warnings: List[str] = field(default_factory=list)  # several candidates: which one was taken, and why
 
     @property
     def found(self) -> bool:
@@ -64,29 +65,46 @@ def read(learner: str, path: Path, exercise_id: str) -> Submission:
     return Submission(learner, path, cell)
 
 
+def _candidates(folder: Path, exercise_id: str) -> List[Path]:
+    """Every file in `folder` that may hold the answer, most likely first: `<id>.py` at the top,
+    then in subfolders, then the notebooks (the last by name first, `Untitled*` last of all).
+    Checkpoint copies are left out."""
+    names = (f"{exercise_id}.py", f"{exercise_id.replace('-', '_')}.py")
+    top = [folder / n for n in names if (folder / n).is_file()]
+    nested = sorted(p for n in names for p in folder.rglob(n) if p.parent != folder)  # an upload that kept its folders
+    notebooks = sorted(folder.rglob("*.ipynb"), reverse=True)
+    notebooks.sort(key=lambda p: p.name.lower().startswith("untitled"))  # a scratch notebook after the chapters
+    found = [p for p in top + nested + notebooks if ".ipynb_checkpoints" not in p.parts]
+    return list(dict.fromkeys(found))  # `<id>.py` and `<id_>.py` may be one file on a case-folding disk
+
+
 def find(folder: Path, exercise_id: str) -> Submission:
     """A learner's answer in `folder`: `<id>.py` (or `<id with underscores>.py`), else the
-    notebook that holds a `%%judge <id>` cell (the last such cell of the last notebook by name)."""
+    notebook that holds a `%%judge <id>` cell (the last such cell of the last notebook by name).
+    Where several files hold an answer, the first that is not the untouched starter is taken,
+    and a warning names the others."""
     learner = folder.name
     if not folder.is_dir():
         return Submission(learner, reason=f"{folder} is not a folder")
-    names = (f"{exercise_id}.py", f"{exercise_id.replace('-', '_')}.py")
-    for name in names:
-        if (folder / name).exists():
-            return read(learner, folder / name, exercise_id)
-    nested = sorted(p for name in names for p in folder.rglob(name))  # an upload that kept its folders
-    if nested:
-        return read(learner, nested[0], exercise_id)
-    notebooks = sorted(folder.rglob("*.ipynb"))
-    problems: List[Submission] = []
-    for nb in reversed(notebooks):
-        sub = read(learner, nb, exercise_id)
-        if sub.found:
-            return sub
-        problems.append(sub)
-    unreadable = [p for p in problems if "has no cell" not in p.reason]
+    candidates = _candidates(folder, exercise_id)
+    read_all = [read(learner, p, exercise_id) for p in candidates]
+    answers = [sub for sub in read_all if sub.found]
+    if answers:
+        from .registry import declared
+
+        replaces = declared(exercise_id).replaces
+        started = [sub for sub in answers if not untouched(sub.source or "", replaces)]
+        chosen = (started or answers)[0]
+        if len(answers) > 1:
+            others = ", ".join(str(a.path.relative_to(folder)) for a in answers if a is not chosen)
+            why = " (the others are untouched starters)" if started and len(started) == 1 else ""
+            chosen.warnings.append(f"{learner}: several files hold an answer; graded {chosen.path.relative_to(folder)}, "
+                                   f"not {others}{why}")
+        return chosen
+    unreadable = [p for p in read_all if "has no cell" not in p.reason]
     if unreadable:
         return unreadable[0]
+    notebooks = [p for p in candidates if p.suffix == ".ipynb"]
     where = f" (its notebooks: {', '.join(p.name for p in notebooks[:5])})" if notebooks else ""
     return Submission(learner, reason=f"no {exercise_id}.py and no notebook with a `{MAGIC} {exercise_id}` cell{where}")
 

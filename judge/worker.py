@@ -12,12 +12,13 @@ import io
 import json
 import os
 import platform
+import stat
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, TextIO
+from typing import Any, Dict, List, TextIO
 
 
 def _version_of(dist: str) -> str:
@@ -93,24 +94,68 @@ def _run_case(case, item: Dict[str, Any], obs) -> None:
         case.fn(obs)
 
 
-def _confine(job: Dict[str, Any], learner_file: str) -> None:
-    """From here on, this process (the learner's code) cannot read the recorded references, the
-    judge's state or the hidden cases, nor write the repository (`judge.sandbox`)."""
-    from judge import registry, sandbox
+def _git_dirs(repo: Path) -> List[Path]:
+    """The repository's git folders: `.git`, and where a worktree's `.git` file points (its own
+    folder and the shared one, which holds the objects)."""
+    dot = repo / ".git"
+    out = [dot]
+    if dot.is_file():
+        text = dot.read_text(errors="replace").strip()
+        if text.startswith("gitdir:"):
+            own = (repo / text[len("gitdir:"):].strip()).resolve()
+            out.append(own)
+            common = own / "commondir"
+            if common.is_file():
+                out.append((own / common.read_text().strip()).resolve())
+    return out
 
-    # temporary files go to the job's own folder, writable whatever else is closed
-    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job["out"]).parent)
+
+def _devices() -> List[Path]:
+    """The block devices in /dev: read raw, a disk holds every file on it."""
+    out = []
+    try:
+        for entry in os.scandir("/dev"):
+            try:
+                if stat.S_ISBLK(entry.stat(follow_symlinks=False).st_mode):
+                    out.append(Path(entry.path))
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def _confine(job: Dict[str, Any], learner_file: str) -> None:
+    """From here on, this process (the learner's code) cannot read the recorded references, git's
+    objects, the judge's state, its private folder (but for this job's scratch folder) or the
+    hidden cases, nor write the repository, nor signal a process outside its sandbox
+    (`judge.sandbox`), nor change any file's permissions, times or attributes (`judge.seccomp`)."""
+    from judge import privileges, registry, sandbox, seccomp
+
+    # temporary files go to the job's own scratch folder, the one place under the judge's private
+    # folder it may open: the control files, the reference run and other learners are out of reach
+    scratch = Path(job["scratch"])
+    os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
     for cache in (".cache", ".triton"):  # kernel caches (a GPU's JIT) that a confined process could not create in ~
         try:
             (Path.home() / cache).mkdir(exist_ok=True)
         except OSError:
             pass
     repo = Path(job["repo"])
-    no_access = [repo / "judge" / "reference", registry.STATE_DIR, *map(Path, job.get("no_access", []))]
+    # git's objects hold every recorded reference too
+    no_access = [repo / "judge" / "reference", *_git_dirs(repo), registry.STATE_DIR, Path(job["private"]), *_devices(),
+                 *map(Path, job.get("no_access", []))]
     if job.get("cases_dir"):
         no_access.append(Path(job["cases_dir"]))
-    why = sandbox.restrict(no_access, [repo], [Path(learner_file)])
+    # /proc and /sys only read: as root, their files would set the kernel's parameters (or reboot it)
+    why = sandbox.restrict(no_access, [repo, Path("/proc"), Path("/sys")], [Path(learner_file)], writable=[scratch])
     if why is not None and sandbox.available():  # the judge counts on it: never run the learner's code unconfined here
+        raise RuntimeError(f"the judge could not confine the grading process: {why}")
+    why = privileges.drop()  # root's powers beyond files (modules, reboot, raw I/O, mounts)
+    if why is not None:
+        raise RuntimeError(f"the judge could not drop the grading process's privileges: {why}")
+    why = seccomp.forbid_metadata_changes()  # chmod, utime, xattrs: what Landlock does not cover
+    if why is not None and seccomp.available():
         raise RuntimeError(f"the judge could not confine the grading process: {why}")
 
 

@@ -33,16 +33,17 @@ def _preload() -> None:
     import minisgl.kvcache  # noqa: F401
     import minisgl.models  # noqa: F401
     import minisgl.scheduler  # noqa: F401
-    from judge import api, harness, install, registry, sandbox, speed, worker  # noqa: F401
+    from judge import api, harness, install, privileges, registry, sandbox, seccomp, speed, worker  # noqa: F401
 
 
-def _load_cases(exercise_id: str, cases_dir) -> None:
-    """Read an exercise's cases (and an instructor's hidden ones) here, before forking, so every
-    worker has them before any learner code runs (this process never runs learner code)."""
+def _load_cases(exercise_id: str) -> None:
+    """Read an exercise's public cases here, before forking, so every worker has them before any
+    learner code runs (this process never runs learner code). An instructor's hidden cases are
+    read by the workers that run them, and no other: a worker's memory is the learner's to read."""
     from judge import registry
 
     try:
-        registry.load(exercise_id, cases_dir)
+        registry.load(exercise_id)
     except Exception:  # a broken cases.py is reported by the worker that needs it
         pass
 
@@ -52,7 +53,7 @@ def _run_worker(req: dict, fresh: bool) -> None:
     os.setsid()  # away from the terminal's signals
     if req.get("rlimit_as"):
         resource.setrlimit(resource.RLIMIT_AS, (req["rlimit_as"], req["rlimit_as"]))
-    fd = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -110,7 +111,7 @@ def main() -> None:
             continue
         req = json.loads(line)
         if not fresh:
-            _load_cases(req["exercise"], req.get("cases_dir"))
+            _load_cases(req["exercise"])
         if os.fork() == 0:
             _keep(req, fresh)
 

@@ -1,21 +1,53 @@
-"""Chapter 10, chunked prefill.
+"""Chapter 10, chunked prefill: a mixin over chapter 7's scheduler.
 
-Claims: no prefill step computes more than `max_extend_tokens` tokens; a long prompt is cut into
+Claims: chapter 7's `Scheduler` computes a prompt whole, over the budget if need be, and
+`ChunkedPrefillMixin` (in every scheduler built from `scheduler_bases()`) cuts it, with the same
+tokens; no prefill step computes more than `max_extend_tokens` tokens; a long prompt is cut into
 chunks that continue first in the next steps and add up to exactly its uncached part; nothing is
 sampled from a chunk; and the tokens are still transformers' (with and without a prefix hit).
+What a short prompt waits for, exactly: while a prompt is half done, the prompt at the head of
+the queue joins the next prefill step whole if it is at most half the budget (a row and pages
+free), and the half-done one still advances by at least the other half; further back, a prompt
+waits for those ahead of it, and behind one longer than half the budget, until the chunk is done.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import MAX_TOKENS, SMOLLM2, TINY_QWEN3, build_llm, generate_ids, prompt_ids
+import random
+
+from helpers import MAX_TOKENS, SMOLLM2, TINY_QWEN3, build_llm, generate_ids, prompt_ids, small_engine_kwargs
 from minisgl.core import SamplingParams
 
 
 def _prefill_steps(trace, uid):
     return [(t.step, t.extend_lens[t.uids.index(uid)], t.cached_lens[t.uids.index(uid)]) for t in trace
             if t.phase == "prefill" and uid in t.uids]
+
+
+def test_chapter_7s_scheduler_computes_a_prompt_whole_and_the_mixin_cuts_it(hf_refs):
+    from minisgl.engine import EngineConfig
+    from minisgl.llm import LLM
+    from minisgl.scheduler import ChunkedPrefillMixin, Scheduler, SchedulerConfig
+
+    assert ChunkedPrefillMixin in LLM.__mro__ and ChunkedPrefillMixin not in Scheduler.__mro__
+    config = SchedulerConfig(engine=EngineConfig(model_path=str(TINY_QWEN3), **small_engine_kwargs()),
+                             prefix_cache="naive", overlap=False, max_extend_tokens=7)
+    long_prompt = prompt_ids(TINY_QWEN3)[4]  # 34 tokens
+    tokens = []
+    whole = Scheduler(config)
+    whole.on_token = lambda req, token, reason: token is not None and tokens.append(token)
+    whole.add_request(long_prompt, SamplingParams(max_tokens=3))
+    while not whole.is_idle:
+        whole.step()
+    whole.assert_all_free()
+    assert [t.extend_lens for t in whole.trace if t.phase == "prefill"] == [[34]]  # one step, over the budget
+    cut = LLM(config=config)
+    out = cut.generate([long_prompt], SamplingParams(max_tokens=3))[0]
+    cut.assert_all_free()
+    assert [t.extend_lens for t in cut.trace if t.phase == "prefill"] == [[7], [7], [7], [7], [6]]
+    assert tokens == out.token_ids == hf_refs.get(TINY_QWEN3, long_prompt, 3)
 
 
 @pytest.mark.parametrize("budget", [1, 7, 16])
@@ -131,3 +163,65 @@ def test_a_newcomer_longer_than_half_the_budget_waits_for_the_chunk():
     assert [t.extend_lens for t in prefills if lng in t.uids] == [[8]] * 5
     first_other = next(i for i, t in enumerate(prefills) if oth in t.uids)
     assert prefills[first_other - 1].uids == [lng] and prefills[first_other].uids[0] == oth
+
+
+def test_a_short_prompt_behind_a_long_waiting_one_waits_for_the_whole_chunk():
+    """Arrival order is kept: a 3-token prompt behind one longer than half the budget is not
+    admitted beside the chunk, however short it is."""
+    llm = build_llm(TINY_QWEN3, max_extend_tokens=8, max_running_reqs=4, prefix_cache="naive")
+    long_prompt, other, short = _long_prompt(40), _long_prompt(20), prompt_ids(TINY_QWEN3)[1][:3]
+    lng, oth, sht = _run_with_arrivals(llm, [(long_prompt, SamplingParams(max_tokens=1))],
+                                       [(other, SamplingParams(max_tokens=1)), (short, SamplingParams(max_tokens=1))],
+                                       arrive_after=1)
+    llm.assert_all_free()
+    prefills = [t for t in llm.trace if t.phase == "prefill"]
+    assert min(t.step for t in prefills if sht in t.uids) > max(t.step for t in prefills if lng in t.uids)
+
+
+def _record_queue(llm):
+    """Before each step: (steps so far, the head of the queue, a prompt half done?, free rows)."""
+    log = []
+    step = llm.step
+
+    def recording() -> None:
+        head = llm.prefill.pending[0] if llm.prefill.pending else None
+        chunk = llm.prefill.chunked
+        log.append((len(llm.trace), head, chunk and (chunk.uid, chunk.prompt_len - chunk.cached_len),
+                    llm.table.available_size))
+        step()
+
+    llm.step = recording
+    return log
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_at_the_head_of_the_queue_a_short_prompt_joins_the_next_prefill_step(seed):
+    """Chapter 10's claim, as the code guarantees it, on random prompts, budgets and arrivals."""
+    rng = random.Random(seed)
+    budget = rng.choice([6, 8, 11])
+    llm = build_llm(TINY_QWEN3, max_extend_tokens=budget, max_running_reqs=4, prefix_cache="naive", num_pages=2048)
+    log = _record_queue(llm)
+    arrivals = {}
+    for _ in range(14):
+        n = rng.choice([rng.randrange(1, budget // 2 + 1), rng.randrange(budget, 5 * budget)])
+        prompt = [rng.randrange(10, 1000) for _ in range(n)]
+        arrivals.setdefault(rng.randrange(0, 30), []).append((prompt, SamplingParams(max_tokens=rng.randrange(1, 6))))
+    step = 0
+    while step <= max(arrivals) or not llm.is_idle:
+        for prompt, params in arrivals.get(step, []):
+            llm.add_request(prompt, params)
+        llm.step()
+        step += 1
+    llm.assert_all_free()
+    beside_a_chunk = 0
+    for before, head, chunk, free_rows in log:
+        if len(llm.trace) <= before or llm.trace[before].phase != "prefill":
+            continue  # this turn launched nothing, or a decode step
+        t = llm.trace[before]
+        if chunk is not None:  # the half-done prompt goes first, with at least the other half of the budget
+            uid, rest = chunk
+            assert t.uids[0] == uid and t.extend_lens[0] >= min(rest, budget - budget // 2)
+        if head is not None and free_rows > 0 and (chunk is None or len(head.input_ids) <= budget // 2):
+            assert head.uid in t.uids, f"step {t.step}: the head of the queue, uid{head.uid}, waited"
+            beside_a_chunk += chunk is not None
+    assert beside_a_chunk > 0, "no short prompt reached the head of the queue beside a chunk: the test proves nothing"

@@ -3,8 +3,8 @@
 Claims: with overlap on, the scheduler launches step N+1 before reading step N's tokens, yet
 every request gets exactly the tokens it gets with overlap off (no token early or late at EOS or
 a stop token, the right finish reason); a request that finished while a launched batch still
-refers to it is freed only after that batch, so its table row and pages are never reused in
-flight; aborting a waiting, running or half-prefilled request frees everything exactly once.
+refers to it is freed only after that batch (`OverlapMixin._free`), so its table row and pages
+are never reused in flight; aborting a waiting, running or half-prefilled request frees everything exactly once.
 Finally, the offline LLM equals transformers' greedy decoding under every combination of prefix
 cache, overlap, chunked prefill and page size.
 """
@@ -72,9 +72,9 @@ def test_llm_equals_transformers_under_every_configuration(path, combo, hf_refs)
 
 def guard_in_flight(llm) -> dict:
     """Make `llm` fail if a table row or a request's pages are reused while a launched batch still
-    refers to them; count how often a free had to wait for an in-flight batch."""
+    refers to them; count how often `OverlapMixin._free` held a free back for an in-flight batch."""
     stats = {"deferred": 0, "freed": []}
-    allocate, free, free_if_idle = llm.table.allocate, llm._free, llm._free_if_idle
+    allocate, free = llm.table.allocate, llm._free
 
     def in_flight_rows():
         return {r.table_idx for res in llm.unprocessed for r in res.batch.reqs}
@@ -85,17 +85,46 @@ def guard_in_flight(llm) -> dict:
         return row
 
     def guarded_free(req) -> None:
-        assert all(req.uid not in res.uids for res in llm.unprocessed), f"request {req.uid} freed in flight"
-        stats["freed"].append(req.uid)
-        free(req)
-
-    def counting_free_if_idle(req) -> None:
-        if any(req.uid in res.uids for res in llm.unprocessed):
+        in_flight = any(req.uid in res.uids for res in llm.unprocessed)
+        free(req)  # the mixin's: frees unless a launched batch refers to the request
+        if req.uid in llm.live:
+            assert in_flight, f"request {req.uid} kept although no launched batch refers to it"
             stats["deferred"] += 1
-        free_if_idle(req)
+        else:
+            assert not in_flight, f"request {req.uid} freed in flight"
+            stats["freed"].append(req.uid)
 
-    llm.table.allocate, llm._free, llm._free_if_idle = guarded_allocate, guarded_free, counting_free_if_idle
+    llm.table.allocate, llm._free = guarded_allocate, guarded_free
     return stats
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_step_n_is_read_after_step_n_plus_1_is_launched(overlap):
+    """`OverlapMixin.launch_and_read`: with overlap, a step's tokens are read once the next step is
+    launched (the last step, when nothing is left to launch); without, right after its own launch."""
+    llm = build_llm(TINY_QWEN3, overlap=overlap, max_running_reqs=4)
+    events, step_of = [], {}
+    launch, process = llm.launch, llm.process_results
+
+    def launch_(batch):
+        result = launch(batch)
+        step_of[id(result)] = llm._step - 1
+        events.append(("launch", llm._step - 1))
+        return result
+
+    def process_(result):
+        events.append(("read", step_of[id(result)]))
+        process(result)
+
+    llm.launch, llm.process_results = launch_, process_
+    llm.generate(prompt_ids(TINY_QWEN3)[:3], SamplingParams(max_tokens=4, ignore_eos=True))
+    llm.assert_all_free()
+    steps = len(llm.trace)
+    if overlap:
+        want = [("launch", 0)] + [e for n in range(1, steps) for e in (("launch", n), ("read", n - 1))]
+        assert events == want + [("read", steps - 1)]
+    else:
+        assert events == [e for n in range(steps) for e in (("launch", n), ("read", n))]
 
 
 def _stop_params(path, prompts, hf_refs) -> tuple[List[SamplingParams], List[List[int]]]:

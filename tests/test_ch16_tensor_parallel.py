@@ -125,6 +125,20 @@ def test_collectives_over_gloo():
     assert results == [expected, expected]
 
 
+# ---- the mixin over the scheduler -----------------------------------------------------------------
+
+
+def test_the_tensor_parallel_mixin_sits_in_front_of_every_scheduler_and_every_rank_runs_the_same_stack():
+    from minisgl.llm import LLM
+    from minisgl.scheduler import TensorParallelMixin, scheduler_bases, scheduler_extensions
+    from minisgl.scheduler.io import SchedulerIO
+    from minisgl.scheduler.tp import _Follower
+
+    assert scheduler_extensions()[-1] == "tensor_parallel" and scheduler_bases()[0] is TensorParallelMixin
+    assert LLM.__mro__[1] is TensorParallelMixin and SchedulerIO.__mro__[1] is TensorParallelMixin
+    assert _Follower.__bases__ == scheduler_bases()  # rank > 0: the same mixins as rank 0
+
+
 # ---- whole-engine equality at TP=2 --------------------------------------------------------------
 
 

@@ -205,7 +205,7 @@ def test_hidden_cases_are_graded_beside_the_public_ones_and_reported_apart(tmp_p
                                                       "hidden: random ledgers (seed 42)"], str(result)
     public_points = sum(registry.load(EX).weight_of(c) for c in registry.load(EX).cases)
     assert result.max_points == pytest.approx(public_points + 2 + 1)  # weight 2, and 1 shared by the two fixed seeds
-    assert "hidden cases (the instructor's):" in str(result) and any("hidden case" in n for n in result.notes)
+    assert "hidden cases (the instructor's):" in str(result) and any("hidden case" in n for n in result.instructor_notes)
     wrong = grade(EX, next(iter(WRONG.values())), seed=1, save=False, cases_dir=cases_dir)
     assert len(wrong.part(True)) == 3 and not wrong.ok
     data = formats.gradescope(wrong)

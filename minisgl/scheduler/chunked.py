@@ -7,7 +7,9 @@ in the next prefill step (`ChunkedPrefillManager.chunked`), until the prompt is 
 
 One prompt at a time is half done. Beside it, waiting requests join only whole, and the chunk
 leaves them room (`newcomer_share`): up to half the budget, for the leading waiting prompts that
-fit in it, so a short prompt is not held behind every chunk of a long one. A prefill step that
+fit in it together. So the prompt at the head of the queue, if at most half the budget, joins the
+next prefill step (a row and pages free); one behind a waiting prompt longer than half waits with
+it until the chunk is finished, since no request overtakes one ahead of it. A prefill step that
 leaves a prompt half done is followed by a decode step, so every running request still gets a
 token at least every other step.
 """
