@@ -3,8 +3,15 @@
 Claims: `LLM.generate` returns transformers' greedy tokens for every architecture, also when
 more requests arrive than there are table rows (continuous batching: requests join and leave
 the running batch between steps); requests that can never run are refused up front with an
-`InvalidRequestError` that names the limit, and leave nothing allocated; seeded sampling is
-reproducible and independent of the batch a request lands in; degenerate sampling is greedy.
+`InvalidRequestError` that names the limit and a fix that is accepted when followed, and leave
+nothing allocated; seeded sampling is reproducible and independent of the batch a request lands
+in; degenerate sampling is greedy.
+
+Chapter 7's own `Scheduler`, without the mixins later chapters stack on it: prompts join whole
+(the first of a batch whatever its length), each batch is read before the next is picked, and its
+tokens equal transformers'. Its admission (`PrefillAdder.admit`) keeps the contract the chapter
+states: a free row, the budget for the whole prompt, pages to the end on top of the promises;
+a refusal changes nothing. Later ideas stack over `Scheduler` in registration order.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from helpers import (
 from minisgl.core import InvalidRequestError, SamplingParams
 from minisgl.engine import EngineConfig
 from minisgl.llm import LLM
-from minisgl.scheduler import SchedulerConfig
+from minisgl.scheduler import Scheduler, SchedulerConfig
 
 
 @pytest.mark.parametrize("path", [TINY_LLAMA, TINY_QWEN2, TINY_QWEN3], ids=lambda p: p.name)
@@ -269,3 +276,133 @@ def test_degenerate_sampling_equals_greedy(sampler_llm, hf_refs, params):
     prompts = prompt_ids(TINY_LLAMA)[:4]
     got = _sampled(sampler_llm, prompts, [SamplingParams(max_tokens=6, **params)] * 4)
     assert got == [hf_refs.get(TINY_LLAMA, p, 6) for p in prompts]
+
+
+# ---- chapter 7's Scheduler alone -----------------------------------------------------------------
+
+
+class PlainScheduler(Scheduler):
+    """The base `Scheduler` with no later chapter's mixin, collecting tokens through `on_token`."""
+
+    def __init__(self, config: SchedulerConfig):
+        super().__init__(config)
+        self.tokens: dict = {}
+
+    def on_token(self, req, token, finish_reason):
+        if token is not None:
+            self.tokens.setdefault(req.uid, []).append(token)
+
+    def run(self, prompts, max_tokens):
+        uids = [self.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, max_tokens)]
+        while not self.is_idle:
+            self.step()
+            # each batch is read before the next is picked: every live request's host tokens
+            # have caught up with its lengths, and the trace has one entry per step
+            assert all(len(r.input_ids) == r.device_len for r in self.live.values())
+        self.assert_all_free()
+        return [self.tokens[u] for u in uids]
+
+
+def plain_scheduler(budget: int) -> PlainScheduler:
+    engine = EngineConfig(model_path=str(TINY_LLAMA), **small_engine_kwargs(page_size=4, max_seq_len=64))
+    return PlainScheduler(SchedulerConfig(engine=engine, prefix_cache="naive", max_extend_tokens=budget,
+                                          check_integrity=True))
+
+
+def test_the_plain_scheduler_takes_whole_prompts_and_matches_transformers(hf_refs):
+    sched = plain_scheduler(budget=8)
+    prompts = [[(7 * i + k) % 200 + 3 for i in range(n)] for k, n in enumerate([3, 4, 5, 1, 30, 2])]
+    got = sched.run(prompts, [4] * len(prompts))
+    assert got == [hf_refs.get(TINY_LLAMA, p, 4) for p in prompts]
+    # 3 + 4 fit the budget of 8; 5 does not fit beside them and leads the next step, and the 1 behind
+    # it waits with it although it would fit (no one jumps the queue); the 30-token prompt is more
+    # than the whole budget and still joins whole, alone, as its step's first prompt
+    assert [t.extend_lens for t in sched.trace if t.phase == "prefill"] == [[3, 4], [5, 1], [30], [2]]
+
+
+def test_chapter_7_llm_is_the_scheduler_with_the_registered_mixins_on_top():
+    from minisgl.scheduler import scheduler_bases
+
+    assert LLM.__bases__ == scheduler_bases() and scheduler_bases()[-1] is Scheduler
+
+
+def test_a_mixin_registered_later_overrides_those_before_and_a_name_registers_once():
+    from minisgl.scheduler import scheduler as sched_mod
+    from minisgl.scheduler import extends_scheduler, scheduler_bases, scheduler_extensions
+
+    saved = list(sched_mod._EXTENSIONS)
+    try:
+        @extends_scheduler("first")
+        class First:
+            def sampling_plan(self, batch, bitmask=None):
+                return ("first", super().sampling_plan(batch, bitmask))
+
+        @extends_scheduler("second")
+        class Second:
+            def sampling_plan(self, batch, bitmask=None):
+                return ("second", super().sampling_plan(batch, bitmask))
+
+        assert scheduler_extensions()[-2:] == ["first", "second"]
+        bases = scheduler_bases()
+        assert bases[:2] == (Second, First) and bases[-1] is Scheduler
+        stacked = type("Stacked", bases, {})
+        assert stacked.__mro__.index(Second) < stacked.__mro__.index(First) < stacked.__mro__.index(Scheduler)
+
+        @extends_scheduler("first")
+        class FirstAgain:
+            pass
+
+        assert scheduler_extensions().count("first") == 1 and scheduler_bases()[0] is FirstAgain
+    finally:
+        sched_mod._EXTENSIONS[:] = saved
+
+
+# ---- admission: the contract chapter 7 states, on the chapter's own example --------------------
+
+
+def _adder(rows=2, pages=12, page_size=4, budget=16, reserved=5):
+    import torch
+
+    from minisgl.kvcache import NaivePrefixCache
+    from minisgl.scheduler.cache import CacheManager
+    from minisgl.scheduler.prefill import PrefillAdder
+    from minisgl.scheduler.table import TableManager
+
+    page_table = torch.full((rows + 1, 64), -1, dtype=torch.int32)
+    cache = CacheManager(pages, page_size, NaivePrefixCache(page_size, torch.device("cpu")), page_table)
+    return PrefillAdder(budget, reserved, TableManager(rows, page_table), cache)
+
+
+def _offer(adder, uid, prompt_len, max_tokens):
+    import torch
+
+    from minisgl.scheduler.prefill import PendingReq
+
+    ids = torch.arange(1, prompt_len + 1, dtype=torch.int32)
+    before = (adder.token_budget, adder.spent, adder.reserved_pages, adder.table.available_size)
+    req = adder.try_admit(PendingReq(uid, ids, SamplingParams(max_tokens=max_tokens), 0))
+    if req is None:  # a refusal changes nothing
+        assert (adder.token_budget, adder.spent, adder.reserved_pages, adder.table.available_size) == before
+        return None
+    # admitted whole, with its prompt in its row of the token pool, and its pages to the end promised
+    assert req.extend_len == prompt_len and req.cached_len == 0 and not req.is_chunk
+    assert torch.equal(adder.table.token_pool[req.table_idx, :prompt_len], ids)
+    assert adder.reserved_pages - before[2] == adder.cache.pages_to_finish(req) == -(-(prompt_len + max_tokens - 1) // 4)
+    assert (before[0] - adder.token_budget, adder.spent - before[1]) == (prompt_len, prompt_len)
+    assert adder.table.available_size == before[3] - 1
+    return req
+
+
+def test_admission_needs_a_row_the_budget_for_the_whole_prompt_and_pages_to_the_end():
+    adder = _adder()  # the chapter's example: 2 rows, 12 pages of 4, budget 16, 5 pages promised
+    admitted = [_offer(adder, uid, n, g) is not None for uid, (n, g) in enumerate([(6, 10), (12, 2), (4, 16), (4, 4),
+                                                                                  (2, 2)])]
+    # uid1: 12 tokens > the 10 left; uid2: 5 pages to its end, 12 - 9 promised left; uid4: no row
+    assert admitted == [True, False, False, True, False]
+    assert (adder.token_budget, adder.spent, adder.reserved_pages, adder.table.available_size) == (6, 10, 11, 0)
+
+
+def test_the_first_prompt_of_a_batch_joins_whatever_its_length():
+    adder = _adder(budget=16, reserved=0)
+    assert _offer(adder, 0, 40, 2) is not None and adder.token_budget == -24
+    assert _offer(adder, 1, 1, 1) is None  # the budget is spent: nothing else joins this step

@@ -15,6 +15,8 @@ path = "models/tiny-llama"
 cfg = SchedulerConfig(engine=EngineConfig(model_path=path, max_running_reqs=4, max_seq_len=128, num_pages=256),
                       prefix_cache="naive", overlap=False)
 llm = LLM(config=cfg)
+# in this stage the offline LLM is chapter 7's scheduler alone: no later idea is stacked on it
+assert [c.__name__ for c in LLM.__mro__] == ["LLM", "Scheduler", "object"], LLM.__mro__
 prompts = [[1, 5, 9, 13], [2, 4], [7, 7, 7, 7, 7, 7]]
 lengths = [5, 2, 4]
 outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
