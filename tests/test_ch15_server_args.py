@@ -111,7 +111,7 @@ def test_types_choices_and_bool_flags_follow_the_fields():
     assert actions["page_size"].type is int and actions["memory_fraction"].type is float and actions["device"].type is str
     assert actions["max_seq_len"].type is int  # Optional[int]
     assert list(actions["dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
-    assert list(actions["prefix_cache"].choices) == ["radix", "naive"] and list(actions["schedule_policy"].choices) == ["fcfs", "lpm"]
+    assert list(actions["prefix_cache"].choices) == ["naive", "radix"] and list(actions["schedule_policy"].choices) == ["fcfs", "lpm"]
     assert actions["dummy_weights"].option_strings == ["--dummy-weights"]  # default False: switched on
     assert actions["shell"].option_strings == ["--shell"]
     # defaults computed from the environment take either spelling, so a flag can override either way
