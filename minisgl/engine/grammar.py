@@ -24,6 +24,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -52,13 +53,26 @@ def grammar_key(params: SamplingParams) -> Key:
     return params.json_mode, ANY_OBJECT if params.json_mode == "object" else params.json_schema
 
 
+QUOTE_CHARS = 40  # of the client's schema, quoted in the compiler's reason
+_LOG_PREFIX = re.compile(r"^\s*(\[[\d:]+\]\s*)?\S+\.(cc|cpp|h|hpp|py):\d+:\s*")  # "[16:49:24] /src/x.cc:88: "
+_LONG = re.compile(r"(\"[^\"]{%d,}\"|'[^']{%d,}'|\S{%d,})" % ((QUOTE_CHARS,) * 3))
+
+
+def compiler_reason(text: str) -> str:
+    """xgrammar's error, fit for a client: its first line, without the log prefix that names the
+    compiler's source file, each quote of the schema (or any long word) cut to `QUOTE_CHARS`."""
+    line = _LOG_PREFIX.sub("", text.strip().splitlines()[0] if text.strip() else "")
+    return _LONG.sub(lambda m: m.group(0)[:QUOTE_CHARS] + "...", line)[:300]
+
+
 def _compile_with(compiler: Any, key: Key) -> Any:
     mode, schema = key
     try:
         # compact JSON: a small model left free to add whitespace may emit it forever
         return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=mode == "schema")
     except (RuntimeError, ValueError, TypeError) as e:
-        raise InvalidRequestError(f"json_schema cannot be used to constrain decoding: {str(e)[:300]}") from None
+        reason = compiler_reason(str(e))
+        raise InvalidRequestError(f"json_schema cannot be used to constrain decoding: {reason}") from None
 
 
 @dataclass
