@@ -22,7 +22,7 @@ from minisgl.engine.grammar import AsideCompiler, CompileLimits, GrammarManager
 from server_utils import REPO_ROOT, pid_alive
 
 TIMEOUT_S = 2.5
-CACHE_MB = 4
+CACHE_MB = 2
 SMALL = {"type": "object", "properties": {"a": {"type": "integer"}}}
 
 
@@ -32,7 +32,7 @@ def slow(tag: str) -> dict:
                                              for c in "abcdefgh"}}
 
 
-def wide(tag: str, n: int = 100) -> dict:
+def wide(tag: str, n: int = 80) -> dict:
     """A schema whose grammar is megabytes in memory (it grows with the square of `n`)."""
     return {"type": "object", "properties": {f"{tag}_{j}": {"type": "string"} for j in range(n)}}
 
@@ -159,17 +159,39 @@ def test_grammar_memory_returns_to_a_bounded_level_after_a_schema_flood(aside, l
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     before = _rss_mb()
     children_before = sum(_rss_mb(c.pid) for c in aside.children)
-    flood = [f"w{i}" for i in range(12)]
+    flood = [f"w{i}" for i in range(8)]
     for pair in zip(flood[::2], flood[1::2]):  # two at a time: no queueing, whatever the machine's pace
         for name in pair:
             loop.submit(name, wide(name))
         loop.until(pair)
     assert all(loop.out[n][1] is None for n in flood), loop.out
     assert manager.cached_bytes <= max(CACHE_MB, one_mb) * 2**20
-    # kept without a bound, the flood would hold len(flood) * one_mb (~40 MB) more, here or in a compiler
+    # kept without a bound, the flood would hold len(flood) * one_mb (~18 MB) more, here or in a compiler
     bound = CACHE_MB + 0.25 * len(flood) * one_mb
     grown = _rss_mb() - before
     assert grown < bound, f"the scheduler grew {grown:.1f} MB; one grammar is {one_mb:.1f} MB"
     grown = sum(_rss_mb(c.pid) for c in aside.children) - children_before
     assert grown < bound, f"the compilers grew {grown:.1f} MB; one grammar is {one_mb:.1f} MB"
     aside.limits = limits
+
+
+def test_other_tensor_parallel_ranks_get_the_grammar_instead_of_compiling_it(aside, loop):
+    manager = aside.manager
+    manager.keep_wire = True  # what a server leading tensor-parallel ranks sets
+    try:
+        schema = {"type": "object", "properties": {"rank": {"type": "integer"}}}
+        loop.submit("shipped", schema)
+        loop.until(["shipped"])
+        wire = manager.wire(params(schema))
+        assert wire, "rank 0 keeps the serialised grammar for the other ranks"
+    finally:
+        manager.keep_wire = False
+    follower = GrammarManager(REPO_ROOT / "models/tiny-llama", 32000, [2])
+
+    def no_compiling() -> None:
+        raise AssertionError("a follower compiled a schema on its own loop")
+
+    follower._get_compiler = no_compiling
+    follower.accept(params(schema), wire)
+    follower.add(7, params(schema))  # the matcher comes from rank 0's grammar
+    assert follower.active

@@ -81,7 +81,8 @@ class GrammarManager:
         self._batch_matcher: Any = None
         self._info: Any = None
         self.cache_bytes = CACHE_BYTES  # a server sets its own (--grammar-cache-mb)
-        self._ready: "OrderedDict[Key, Tuple[Any, int]]" = OrderedDict()  # grammar, bytes; least recent first
+        self.keep_wire = False  # keep each grammar's serialised form too, for ranks that must not compile
+        self._ready: "OrderedDict[Key, Tuple[Any, int, Optional[str]]]" = OrderedDict()  # least recent first
         self._cached_bytes = 0
         self._lock = threading.Lock()  # guards _ready (the compiling threads read it)
         self._info_lock = threading.Lock()
@@ -125,15 +126,17 @@ class GrammarManager:
             self._ready.move_to_end(key)
             return self._ready[key][0]
 
-    def remember(self, key: Key, grammar: Any, size: int = 0) -> None:
-        """Keep a compiled grammar, charged `size` bytes (what it was measured to hold) or xgrammar's
-        own count if larger; the least recently used are dropped past `cache_bytes`, the newest never."""
+    def remember(self, key: Key, grammar: Any, wire: Optional[str] = None) -> None:
+        """Keep a compiled grammar, charged the size of its serialised form `wire` (what one read back
+        holds) or xgrammar's own count if larger, twice if the text is kept too (`keep_wire`); the
+        least recently used are dropped past `cache_bytes`, the newest never."""
         with self._lock:
             if key in self._ready:
                 self._ready.move_to_end(key)
                 return
-            charge = max(size, grammar.memory_size_bytes)
-            self._ready[key] = (grammar, charge)
+            kept = wire if self.keep_wire else None
+            charge = max(len(wire or ""), grammar.memory_size_bytes) + len(kept or "")
+            self._ready[key] = (grammar, charge, kept)
             self._cached_bytes += charge
             dropped = 0
             while len(self._ready) > 1 and self._cached_bytes > self.cache_bytes:
@@ -151,6 +154,21 @@ class GrammarManager:
             grammar = compile_schema(self._get_compiler(), key)
             self.remember(key, grammar)
         return grammar
+
+    def wire(self, params: SamplingParams) -> Optional[str]:
+        """The serialised grammar of a JSON request, if kept (`keep_wire`): what the other
+        tensor-parallel ranks get instead of compiling it on their own loops."""
+        with self._lock:
+            hit = self._ready.get(grammar_key(params))
+            return hit[2] if hit is not None else None
+
+    def accept(self, params: SamplingParams, wire: str) -> None:
+        """Keep the grammar another rank compiled (`wire`), unless it is at hand already."""
+        import xgrammar as xgr
+
+        key = grammar_key(params)
+        if self.cached(key) is None:
+            self.remember(key, xgr.CompiledGrammar.deserialize_json(wire, self.tokenizer_info()), wire)
 
     def compiled(self) -> Iterator[Tuple[Any, Optional[str]]]:
         """(payload, error or None) of each request whose grammar was compiled aside since the last
@@ -242,7 +260,7 @@ class AsideCompiler:
         self.children = [CompileChild() for _ in range(lanes)]
         self._jobs: Dict[Key, _Job] = {}  # queued or compiling
         self._queue: "queue.SimpleQueue[_Job]" = queue.SimpleQueue()
-        self._done: "queue.SimpleQueue[Tuple[_Job, Any, int, Optional[str]]]" = queue.SimpleQueue()
+        self._done: "queue.SimpleQueue[Tuple[_Job, Any, Optional[str], Optional[str]]]" = queue.SimpleQueue()
         self._decided: List[Tuple[int, Optional[str]]] = []
         self._threads: List[threading.Thread] = []
         self._warm_at: Optional[float] = None  # when the first compiler was up
@@ -287,13 +305,13 @@ class AsideCompiler:
                 yield wait.payload, error
         while True:
             try:
-                job, grammar, size, error = self._done.get_nowait()
+                job, grammar, wire, error = self._done.get_nowait()
             except queue.Empty:
                 break
             if self._jobs.get(job.key) is job:
                 del self._jobs[job.key]
             if error is None:
-                self.manager.remember(job.key, grammar, size)
+                self.manager.remember(job.key, grammar, wire)
             for uid in sorted(job.waiters):
                 yield self.waiting.pop(uid).payload, error
         yield from self._expired()
@@ -353,24 +371,24 @@ class AsideCompiler:
         except (RuntimeError, OSError, InvalidRequestError):
             child.stop()  # the next schema tries again, and its request is told what failed
 
-    def _compile(self, job: _Job, child: CompileChild) -> Optional[Tuple[_Job, Any, int, Optional[str]]]:
-        """(job, grammar, its size in bytes, None) or (job, None, 0, why not); None if given up."""
+    def _compile(self, job: _Job, child: CompileChild) -> Optional[Tuple[_Job, Any, Optional[str], Optional[str]]]:
+        """(job, grammar, its serialised form, None) or (job, None, None, why not); None if given up."""
         import xgrammar as xgr
 
         grammar = self.manager.cached(job.key)  # compiled by another lane since it was queued
         if grammar is not None:
-            return job, grammar, 0, None
+            return job, grammar, None, None
         try:
             info = self.manager.tokenizer_info()
             payload = child.compile(job.key, info, lambda: self._stop_reason(job))
-            return job, xgr.CompiledGrammar.deserialize_json(payload, info), len(payload), None
+            return job, xgr.CompiledGrammar.deserialize_json(payload, info), payload, None
         except CompileStopped:
             return None
         except InvalidRequestError as e:
-            return job, None, 0, str(e)
+            return job, None, None, str(e)
         except Exception as e:  # the request fails, not the lane (later ones still compile)
             child.stop()
-            return job, None, 0, ("json_schema cannot be used to constrain decoding: the grammar compiler failed "
+            return job, None, None, ("json_schema cannot be used to constrain decoding: the grammar compiler failed "
                                   f"({type(e).__name__})")
 
     def _stop_reason(self, job: _Job) -> Optional[Exception]:
