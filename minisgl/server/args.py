@@ -34,8 +34,9 @@ class ServerConfig:
                                                                               "bytes; a larger one gets 413 before it "
                                                                               "is parsed"})
     grammar_timeout_s: float = field(default=10.0, metadata={
-        "flag": "grammar_timeout", "help": "seconds a response_format JSON schema may take to compile (beside the "
-                                           "engine's loop); a slower one is refused with a 400"})
+        "flag": "grammar_timeout", "help": "seconds a request with a response_format JSON schema may wait for its "
+                                           "grammar, compiling (beside the engine's loop) and queueing for a "
+                                           "compiler included; past it the request is refused with a 400"})
     max_schema_bytes: int = field(default=64 * 1024, metadata={"help": "largest response_format JSON schema accepted, "
                                                                        "in bytes; a larger one is refused with a 400 "
                                                                        "before it is compiled"})
