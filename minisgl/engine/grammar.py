@@ -300,8 +300,8 @@ class AsideCompiler:
         for uid, error in decided:
             wait = self.waiting.pop(uid, None)
             if wait is not None:  # else: aborted meanwhile
-                if wait.grammar is not None:
-                    self.manager.remember(wait.key, wait.grammar)  # kept (or kept again) until it is added
+                if wait.grammar is not None:  # kept until it is added (if dropped since, charged xgrammar's count)
+                    self.manager.remember(wait.key, wait.grammar)
                 yield wait.payload, error
         while True:
             try:
@@ -339,7 +339,9 @@ class AsideCompiler:
 
     def _leave(self, uid: int, job: _Job) -> None:
         job.waiters.discard(uid)
-        if not job.waiters:
+        if job.waiters:  # the compile may run until the earliest deadline of those still waiting
+            job.since = min(self.waiting[u].since for u in job.waiters)
+        else:
             job.gone.set()  # a lane skips it, or kills the child compiling it
             if self._jobs.get(job.key) is job:
                 del self._jobs[job.key]
