@@ -21,7 +21,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from minisgl.core import InvalidRequestError
 from minisgl.env import child_environment
@@ -29,6 +29,7 @@ from minisgl.env import child_environment
 Key = Tuple[str, str]  # (json_mode, schema text): what a compiled grammar depends on
 STARTUP_S = 120.0  # the compiling child imports xgrammar and torch (seconds on a busy CPU)
 POLL_S = 0.02  # how often a wait for a compile looks at whether it should give up
+STOP_S = 5.0  # for the child to say a stopped compile is gone; else the child itself is replaced
 QUOTE_CHARS = 40  # of the client's schema, quoted in the compiler's reason
 _LOG_PREFIX = re.compile(r"^\s*(\[[\d:]+\]\s*)?\S+\.(cc|cpp|h|hpp|py):\d+:\s*")  # "[16:49:24] /src/x.cc:88: "
 _LONG = re.compile(r"(\"[^\"]{%d,}\"|'[^']{%d,}'|\S{%d,})" % ((QUOTE_CHARS,) * 3))
@@ -115,13 +116,11 @@ class CompileChild:
             reason = stop()
             if reason is None:
                 continue
-            if pid is None:
+            if pid is not None:  # the child kills it if it still runs: only it knows the pid is not reused yet
+                os.kill(self._proc.pid, signal.SIGUSR1)
+            if pid is None or not self._conn.poll(STOP_S):
                 self.stop()
             else:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass  # it had just ended
                 self._conn.recv()
             raise reason
         return self._conn.recv()
@@ -146,14 +145,16 @@ def _die_with_parent() -> None:
 
 def child_main(fd: int) -> None:
     """The compiling child: it receives the vocabulary once, then for each schema it is sent forks
-    a process that compiles it (killing that one stops the compile and leaves this one warm),
-    says ("pid", its pid), and then ("ok", the serialised grammar), ("error", why) or ("killed",
-    None). It ends with its parent."""
+    a process that compiles it, says ("pid", its pid), and then ("ok", the serialised grammar),
+    ("error", why) or ("killed", None). SIGUSR1 kills the compile running, if any, and leaves this
+    process warm for the next. It ends with its parent."""
     _die_with_parent()
     os.nice(10)  # the scheduler's steps come first
     import xgrammar as xgr
 
     conn = Connection(fd)
+    compiling: List[Optional[int]] = [None]  # the forked process, until it is reaped
+    signal.signal(signal.SIGUSR1, lambda *_: compiling[0] is not None and os.kill(compiling[0], signal.SIGKILL))
     try:
         info = xgr.TokenizerInfo.deserialize_json(conn.recv())
         conn.send(("ready", None))
@@ -162,14 +163,19 @@ def child_main(fd: int) -> None:
             read, write = os.pipe()
             pid = os.fork()
             if pid == 0:
+                signal.signal(signal.SIGUSR1, signal.SIG_DFL)
                 conn.close()
                 os.close(read)
                 _compile_then_exit(info, key, write)
+            compiling[0] = pid
             os.close(write)
             conn.send(("pid", pid))
             with os.fdopen(read, "rb") as f:
                 answer = f.read()
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # no kill once its pid may be reused
             _, status = os.waitpid(pid, 0)
+            compiling[0] = None
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
             conn.send(pickle.loads(answer) if status == 0 and answer else ("killed", None))
     except (EOFError, OSError):
         pass  # the scheduler is gone (maybe mid-message)

@@ -30,12 +30,12 @@ class ToolCallFunction(_Strict):
         # the body's depth guard cannot see inside a string, and json.loads recurses once per level
         depth = json_depth(self.arguments.encode("utf-8", "replace"))
         if depth > MAX_DEPTH:
-            raise Unsupported("arguments", f"nest {depth} levels deep; this server accepts at most {MAX_DEPTH}")
+            raise Unsupported("arguments", f"nests {depth} levels deep; this server accepts at most {MAX_DEPTH}")
         try:
             json.loads(self.arguments)
         except json.JSONDecodeError as e:
-            raise Unsupported("arguments", f"of {quote(self.name)} are not JSON ({e.msg} at character {e.pos}): "
-                                           f"{quote(self.arguments)}") from None
+            reason = f"{e.msg} at character {e.pos}"
+            raise Unsupported("arguments", f"is not JSON ({reason}): {quote(self.arguments)}") from None
         return self
 
 
