@@ -98,8 +98,9 @@ class GrammarManager:
                 import xgrammar as xgr
 
                 if not has_tokenizer(self.model_path):
-                    raise InvalidRequestError(f"{self.model_path} has no tokenizer, which JSON mode needs; turn "
-                                              "json_mode off")
+                    # the folder's name only: this message may reach a client, the server's paths must not
+                    raise InvalidRequestError(f"the model {self.model_path.name} has no tokenizer, which JSON mode "
+                                              "needs; turn json_mode off")
                 tokenizer = load_tokenizer(self.model_path)
                 # the model's vocabulary may be padded past the tokenizer's; those ids are never allowed
                 self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
