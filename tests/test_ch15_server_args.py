@@ -46,7 +46,7 @@ NON_DEFAULT = {
     "prefix_cache": "naive", "max_extend_tokens": 64, "schedule_policy": "fcfs", "overlap": False, "check_integrity": True,
     "served_model_name": "m", "tokenizer": str(TINY_LLAMA), "host": "0.0.0.0", "port": 3000, "shell": True,
     "shell_max_tokens": 5, "log_level": "info", "max_request_bytes": 4096, "drain_timeout_s": 2.5,
-    "grammar_timeout_s": 3.0, "max_schema_bytes": 4096,
+    "grammar_timeout_s": 3.0, "max_schema_bytes": 4096, "grammar_cache_mb": 64,
 }
 
 

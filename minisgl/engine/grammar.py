@@ -15,50 +15,50 @@ processes the previous results first while grammar requests run.
 Compiling can take seconds (a schema nested a few hundred levels deep, or a pattern of nested
 repetitions, takes time that grows far faster than its size). The offline `LLM` compiles when a
 request is added; a server must not, since every other stream would wait: there `AsideCompiler`
-compiles in a child process, watched by a thread, within a size and a time limit.
+compiles in child processes (`grammar_child.py`), a few schemas at once, each request within a
+time limit that counts its wait for a free compiler too.
+
+Compiled grammars are kept for repeats, up to `GrammarManager.cache_bytes`, least recently used
+dropped first. A grammar is charged what it holds in memory, which xgrammar's own count
+(`memory_size_bytes`) falls far short of for one read back from a child: its serialised size.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import os
 import queue
-import signal
-import socket
-import subprocess
-import sys
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import torch
 
-from minisgl.env import child_environment
 from minisgl.core import InvalidRequestError, Req, SamplingParams
 from minisgl.utils.tokenizer import has_tokenizer, load_tokenizer
 
+from .grammar_child import CompileChild, CompileStopped, Key, compile_schema
+
 # "a JSON object" (json_mode="object"): any keys and values, but an object, as OpenAI's json_object
 ANY_OBJECT = json.dumps({"type": "object"})
-CACHE_BYTES = 256 * 1024 * 1024  # compiled grammars kept for repeats (a deep schema's is megabytes)
-STARTUP_S = 120.0  # the compiling child imports xgrammar and torch (seconds on a busy CPU)
-Key = Tuple[str, str]  # (json_mode, schema text): what a compiled grammar depends on
+CACHE_BYTES = 256 * 1024 * 1024  # compiled grammars kept for repeats, by what they hold in memory
+LANES = 2  # schemas compiled at once, each in its own process: a slow one leaves the others a lane
 
 
 def grammar_key(params: SamplingParams) -> Key:
     return params.json_mode, ANY_OBJECT if params.json_mode == "object" else params.json_schema
 
 
-def _compile_with(compiler: Any, key: Key) -> Any:
-    mode, schema = key
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the system (glibc keeps them otherwise, so a process
+    that once held many grammars would stay that large)."""
     try:
-        # compact JSON: a small model left free to add whitespace may emit it forever
-        return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=mode == "schema")
-    except (RuntimeError, ValueError, TypeError) as e:
-        raise InvalidRequestError(f"json_schema cannot be used to constrain decoding: {str(e)[:300]}") from None
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
 
 
 @dataclass
@@ -80,8 +80,11 @@ class GrammarManager:
         self._compiler: Any = None
         self._batch_matcher: Any = None
         self._info: Any = None
-        self._ready: "OrderedDict[Key, Any]" = OrderedDict()  # compiled grammars, least recent first
-        self._lock = threading.Lock()  # guards _ready (the aside thread reads it)
+        self.cache_bytes = CACHE_BYTES  # a server sets its own (--grammar-cache-mb)
+        self.keep_wire = False  # keep each grammar's serialised form too, for ranks that must not compile
+        self._ready: "OrderedDict[Key, Tuple[Any, int, Optional[str]]]" = OrderedDict()  # least recent first
+        self._cached_bytes = 0
+        self._lock = threading.Lock()  # guards _ready (the compiling threads read it)
         self._info_lock = threading.Lock()
 
     @property
@@ -95,8 +98,9 @@ class GrammarManager:
                 import xgrammar as xgr
 
                 if not has_tokenizer(self.model_path):
-                    raise InvalidRequestError(f"{self.model_path} has no tokenizer, which JSON mode needs; turn "
-                                              "json_mode off")
+                    # the folder's name only: this message may reach a client, the server's paths must not
+                    raise InvalidRequestError(f"the model {self.model_path.name} has no tokenizer, which JSON mode "
+                                              "needs; turn json_mode off")
                 tokenizer = load_tokenizer(self.model_path)
                 # the model's vocabulary may be padded past the tokenizer's; those ids are never allowed
                 self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
@@ -111,17 +115,36 @@ class GrammarManager:
                                                  cache_limit_bytes=CACHE_BYTES)
         return self._compiler
 
+    @property
+    def cached_bytes(self) -> int:
+        """What the kept grammars hold in memory, as charged by `remember`."""
+        return self._cached_bytes
+
     def cached(self, key: Key) -> Any:
+        with self._lock:
+            if key not in self._ready:
+                return None
+            self._ready.move_to_end(key)
+            return self._ready[key][0]
+
+    def remember(self, key: Key, grammar: Any, wire: Optional[str] = None) -> None:
+        """Keep a compiled grammar, charged the size of its serialised form `wire` (what one read back
+        holds) or xgrammar's own count if larger, twice if the text is kept too (`keep_wire`); the
+        least recently used are dropped past `cache_bytes`, the newest never."""
         with self._lock:
             if key in self._ready:
                 self._ready.move_to_end(key)
-            return self._ready.get(key)
-
-    def remember(self, key: Key, grammar: Any) -> None:
-        with self._lock:
-            self._ready[key] = grammar
-            while len(self._ready) > 1 and sum(g.memory_size_bytes for g in self._ready.values()) > CACHE_BYTES:
-                self._ready.popitem(last=False)
+                return
+            kept = wire if self.keep_wire else None
+            charge = max(len(wire or ""), grammar.memory_size_bytes) + len(kept or "")
+            self._ready[key] = (grammar, charge, kept)
+            self._cached_bytes += charge
+            dropped = 0
+            while len(self._ready) > 1 and self._cached_bytes > self.cache_bytes:
+                self._cached_bytes -= self._ready.popitem(last=False)[1][1]
+                dropped += 1
+        if dropped:
+            release_freed_memory()  # else the process keeps the pages of grammars it no longer has
 
     def compile(self, params: SamplingParams) -> Any:
         """The compiled grammar of a JSON request (one compiled aside, or a repeat, is at hand;
@@ -129,13 +152,29 @@ class GrammarManager:
         key = grammar_key(params)
         grammar = self.cached(key)
         if grammar is None:
-            grammar = _compile_with(self._get_compiler(), key)
+            grammar = compile_schema(self._get_compiler(), key)
             self.remember(key, grammar)
         return grammar
 
+    def wire(self, params: SamplingParams) -> Optional[str]:
+        """The serialised grammar of a JSON request, if kept (`keep_wire`): what the other
+        tensor-parallel ranks get instead of compiling it on their own loops."""
+        with self._lock:
+            hit = self._ready.get(grammar_key(params))
+            return hit[2] if hit is not None else None
+
+    def accept(self, params: SamplingParams, wire: str) -> None:
+        """Keep the grammar another rank compiled (`wire`), unless it is at hand already."""
+        import xgrammar as xgr
+
+        key = grammar_key(params)
+        if self.cached(key) is None:
+            self.remember(key, xgr.CompiledGrammar.deserialize_json(wire, self.tokenizer_info()), wire)
+
     def compiled(self) -> Iterator[Tuple[Any, Optional[str]]]:
         """(payload, error or None) of each request whose grammar was compiled aside since the last
-        call; with no error its grammar is at hand for `compile`, so add the request right away."""
+        call (or whose wait ran out); with no error its grammar is at hand for `compile`, so add the
+        request right away."""
         return self.aside.ready() if self.aside is not None else iter(())
 
     def add(self, uid: int, params: SamplingParams) -> None:
@@ -179,149 +218,185 @@ class GrammarManager:
 
 @dataclass(frozen=True)
 class CompileLimits:
-    timeout_s: float  # a compile still running then is killed and its request refused
+    timeout_s: float  # a request still without its grammar then (queued or compiling) is refused
     max_bytes: int  # a schema text larger than this is refused before compiling
+
+
+@dataclass
+class _Job:
+    """One schema to compile, for every request waiting on it."""
+
+    key: Key
+    since: float  # when its first request came: the compile is given up at that one's deadline
+    waiters: Set[int] = field(default_factory=set)  # uids (changed by the loop's thread only)
+    started: bool = False  # a lane took it
+    gone: threading.Event = field(default_factory=threading.Event)  # nobody waits for it any more
+
+
+@dataclass
+class _Waiting:
+    payload: Any
+    key: Key
+    since: float  # when it came (time.monotonic)
+    job: Optional[_Job] = None  # None: decided when it came (a cached grammar, a schema too large)
+    grammar: Any = None  # the cached grammar it found
 
 
 class AsideCompiler:
     """Compiles grammars beside the scheduler's loop, within `CompileLimits`.
 
-    The loop `submit`s a JSON request and goes on stepping the others. A thread takes each schema
-    in turn, sends it to a child process that compiles it (at a lower CPU priority), and reads
-    back the serialised grammar; if none comes within the time limit, the child is killed (the
-    next schema starts a fresh one) and the request is refused. The loop collects the outcomes
-    with `ready()`. A request aborted while its schema compiles is dropped with `cancel`.
+    The loop `submit`s a JSON request and goes on stepping the others; it collects the outcomes
+    with `ready()`. A grammar already compiled is ready at once, whatever else compiles. Other
+    schemas queue, each once however many requests wait for it, for `lanes` threads that each
+    hand a schema to a child process of their own and read back the serialised grammar. Each
+    request waits at most `timeout_s` in all, queue included, and is then refused; a compile
+    still running for it then, or for requests that all went away (`cancel`), is stopped by
+    killing the process that compiles it (the lane's child stays up for the next schema).
     """
 
-    def __init__(self, manager: GrammarManager, limits: CompileLimits):
+    def __init__(self, manager: GrammarManager, limits: CompileLimits, lanes: int = LANES):
         self.manager = manager
         self.limits = limits
-        self.waiting: Dict[int, Any] = {}  # uid -> payload, until its grammar is ready
-        self._jobs: "queue.SimpleQueue[Tuple[int, Key]]" = queue.SimpleQueue()
-        self._done: "queue.SimpleQueue[Tuple[int, Key, Any, Optional[str]]]" = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
-        self._child: Optional[subprocess.Popen] = None
-        self._conn: Optional[Connection] = None
+        self.waiting: Dict[int, _Waiting] = {}  # uid -> its wait, until `ready` hands it back
+        self.children = [CompileChild() for _ in range(lanes)]
+        self._jobs: Dict[Key, _Job] = {}  # queued or compiling
+        self._queue: "queue.SimpleQueue[_Job]" = queue.SimpleQueue()
+        self._done: "queue.SimpleQueue[Tuple[_Job, Any, Optional[str], Optional[str]]]" = queue.SimpleQueue()
+        self._decided: List[Tuple[int, Optional[str]]] = []
+        self._threads: List[threading.Thread] = []
+        self._warm_at: Optional[float] = None  # when the first compiler was up
 
     @property
     def busy(self) -> bool:
         return bool(self.waiting)
 
     def submit(self, uid: int, params: SamplingParams, payload: Any) -> None:
-        self.waiting[uid] = payload
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="minisgl-grammar", daemon=True)
-            self._thread.start()
-        self._jobs.put((uid, grammar_key(params)))
+        key = grammar_key(params)
+        wait = self.waiting[uid] = _Waiting(payload, key, time.monotonic())
+        size = len(key[1].encode())
+        wait.grammar = self.manager.cached(key)
+        if wait.grammar is not None or size > self.limits.max_bytes:
+            self._decided.append((uid, None if wait.grammar is not None else (
+                f"json_schema is {size} bytes, over this server's limit of {self.limits.max_bytes} "
+                "(--max-schema-bytes)")))
+            return
+        wait.job = self._jobs.get(key)
+        if wait.job is None:
+            wait.job = self._jobs[key] = _Job(key, wait.since)
+            self._queue.put(wait.job)
+            self._start_lanes()
+        wait.job.waiters.add(uid)
 
     def cancel(self, uid: int) -> bool:
         """Forget a request whose grammar is not ready yet; False if there was none."""
-        return self.waiting.pop(uid, None) is not None
+        wait = self.waiting.pop(uid, None)
+        if wait is None:
+            return False
+        if wait.job is not None:
+            self._leave(uid, wait.job)
+        return True
 
     def ready(self) -> Iterator[Tuple[Any, Optional[str]]]:
+        decided, self._decided = self._decided, []
+        for uid, error in decided:
+            wait = self.waiting.pop(uid, None)
+            if wait is not None:  # else: aborted meanwhile
+                if wait.grammar is not None:  # kept until it is added (if dropped since, charged xgrammar's count)
+                    self.manager.remember(wait.key, wait.grammar)
+                yield wait.payload, error
         while True:
             try:
-                uid, key, grammar, error = self._done.get_nowait()
+                job, grammar, wire, error = self._done.get_nowait()
             except queue.Empty:
-                return
-            payload = self.waiting.pop(uid, None)
-            if payload is None:
-                continue  # aborted while compiling
+                break
+            if self._jobs.get(job.key) is job:
+                del self._jobs[job.key]
             if error is None:
-                self.manager.remember(key, grammar)
-            yield payload, error
+                self.manager.remember(job.key, grammar, wire)
+            for uid in sorted(job.waiters):
+                yield self.waiting.pop(uid).payload, error
+        yield from self._expired()
 
-    # ---- the thread ------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _deadline(self, since: float) -> float:
+        """When a wait that began at `since` runs out. The compilers' first start-up (seconds of
+        imports) is the server warming up, not a schema's fault: the clock runs once one is up."""
+        warm = self._warm_at if self._warm_at is not None else float("inf")
+        return max(since, warm) + self.limits.timeout_s
+
+    def _expired(self) -> Iterator[Tuple[Any, Optional[str]]]:
+        now = time.monotonic()
+        for uid, wait in list(self.waiting.items()):
+            if wait.job is not None and self._deadline(wait.since) <= now:
+                del self.waiting[uid]
+                self._leave(uid, wait.job)
+                yield wait.payload, self._timeout_message(wait.job.started)
+
+    def _timeout_message(self, started: bool) -> str:
+        limit = f"this server's limit of {self.limits.timeout_s:g} s (--grammar-timeout)"
+        if started:
+            return f"json_schema did not compile within {limit}: use fewer nested levels and repetitions"
+        return (f"json_schema waited {limit} for one of its {len(self.children)} grammar compilers, all busy "
+                "with other schemas: retry later")
+
+    def _leave(self, uid: int, job: _Job) -> None:
+        job.waiters.discard(uid)
+        if job.waiters:  # the compile may run until the earliest deadline of those still waiting
+            job.since = min(self.waiting[u].since for u in job.waiters)
+        else:
+            job.gone.set()  # a lane skips it, or kills the child compiling it
+            if self._jobs.get(job.key) is job:
+                del self._jobs[job.key]
+
+    # ---- the lanes (threads) -------------------------------------------------------------------
+    def _start_lanes(self) -> None:
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._lane, args=(c,), name=f"minisgl-grammar-{i}", daemon=True)
+                             for i, c in enumerate(self.children)]
+            for t in self._threads:
+                t.start()
+
+    def _lane(self, child: CompileChild) -> None:
+        self._warm(child)
         while True:
-            uid, key = self._jobs.get()
-            if uid not in self.waiting:
-                continue  # aborted while queued
-            grammar, error = self.manager.cached(key), None
-            if grammar is None:
-                try:
-                    grammar = self._compile(key)
-                except InvalidRequestError as e:
-                    error = str(e)
-                except Exception as e:  # the request fails, not the thread (later ones still compile)
-                    self._stop_child()
-                    error = ("json_schema cannot be used to constrain decoding: the grammar compiler failed "
-                             f"({type(e).__name__})")
-            self._done.put((uid, key, grammar, error))
+            job = self._queue.get()
+            if job.gone.is_set():
+                continue  # every request for it went away while it queued
+            job.started = True
+            outcome = self._compile(job, child)
+            if outcome is not None:
+                self._done.put(outcome)
+            self._warm(child)  # a child that died is replaced now, not on the next request's clock
 
-    def _compile(self, key: Key) -> Any:
+    def _warm(self, child: CompileChild) -> None:
+        try:
+            child.start(self.manager.tokenizer_info())
+            self._warm_at = self._warm_at or time.monotonic()
+        except (RuntimeError, OSError, InvalidRequestError):
+            child.stop()  # the next schema tries again, and its request is told what failed
+
+    def _compile(self, job: _Job, child: CompileChild) -> Optional[Tuple[_Job, Any, Optional[str], Optional[str]]]:
+        """(job, grammar, its serialised form, None) or (job, None, None, why not); None if given up."""
         import xgrammar as xgr
 
-        size = len(key[1].encode())
-        if size > self.limits.max_bytes:
-            raise InvalidRequestError(f"json_schema is {size} bytes, over this server's limit of "
-                                      f"{self.limits.max_bytes} (--max-schema-bytes)")
-        info = self.manager.tokenizer_info()
-        conn = self._connection(info)
-        conn.send(key)
-        if not conn.poll(self.limits.timeout_s):
-            self._stop_child()
-            raise InvalidRequestError(
-                f"json_schema did not compile within this server's limit of {self.limits.timeout_s:g} s "
-                "(--grammar-timeout): "
-                "use fewer nested levels and repetitions"
-            )
+        grammar = self.manager.cached(job.key)  # compiled by another lane since it was queued
+        if grammar is not None:
+            return job, grammar, None, None
         try:
-            status, payload = conn.recv()
-        except (EOFError, OSError):
-            self._stop_child()
-            raise InvalidRequestError("json_schema cannot be used to constrain decoding: its compilation "
-                                      "failed") from None
-        if status != "ok":
-            raise InvalidRequestError(payload)
-        return xgr.CompiledGrammar.deserialize_json(payload, info)
+            info = self.manager.tokenizer_info()
+            payload = child.compile(job.key, info, lambda: self._stop_reason(job))
+            return job, xgr.CompiledGrammar.deserialize_json(payload, info), payload, None
+        except CompileStopped:
+            return None
+        except InvalidRequestError as e:
+            return job, None, None, str(e)
+        except Exception as e:  # the request fails, not the lane (later ones still compile)
+            child.stop()
+            return job, None, None, ("json_schema cannot be used to constrain decoding: the grammar compiler failed "
+                                  f"({type(e).__name__})")
 
-    def _connection(self, info: Any) -> Connection:
-        if self._child is None or self._child.poll() is not None:
-            self._stop_child()
-            ours, theirs = socket.socketpair()
-            cmd = [sys.executable, "-c", "from minisgl.engine.grammar import child_main; "
-                                         f"child_main({theirs.fileno()})"]
-            env = child_environment(Path(__file__).resolve().parents[2])  # this copy of minisgl, wherever it runs from
-            self._child = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
-            theirs.close()
-            self._conn = Connection(ours.detach())
-            self._conn.send(info.serialize_json())
-            if not self._conn.poll(STARTUP_S) or self._conn.recv() != ("ready", None):
-                self._stop_child()
-                raise RuntimeError(f"the grammar compiler process did not start within {STARTUP_S:g} s")
-        return self._conn
-
-    def _stop_child(self) -> None:
-        if self._child is not None:
-            self._child.kill()
-            self._child.wait()
-            self._child = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-def child_main(fd: int) -> None:
-    """The compiling child: it receives the vocabulary once, then compiles each schema it is sent
-    and answers ("ok", the serialised grammar) or ("error", why). It ends with its parent."""
-    try:  # Linux: killed with the scheduler even if that is SIGKILLed
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    os.nice(10)  # the scheduler's steps come first
-    import xgrammar as xgr
-
-    conn = Connection(fd)
-    try:
-        info = xgr.TokenizerInfo.deserialize_json(conn.recv())
-        compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
-        conn.send(("ready", None))
-        while True:
-            key = conn.recv()
-            try:
-                conn.send(("ok", _compile_with(compiler, key).serialize_json()))
-            except InvalidRequestError as e:
-                conn.send(("error", str(e)))
-    except EOFError:
-        pass  # the scheduler is gone
+    def _stop_reason(self, job: _Job) -> Optional[Exception]:
+        if job.gone.is_set():
+            return CompileStopped()
+        if time.monotonic() >= self._deadline(job.since):
+            return InvalidRequestError(self._timeout_message(started=True))
+        return None

@@ -1,10 +1,13 @@
 """Dataclass <-> msgpack. Every message is a dataclass; it travels as a tagged map.
 
-A message is encoded field by field. Three kinds of values need a tag, because msgpack alone
+A message is encoded field by field. Five kinds of values need a tag, because msgpack alone
 would lose what they are: a nested dataclass (``{"__dc__": name, ...fields}``), a 1-D tensor
 (``{"__tensor__": dtype, "data": raw bytes}``: no per-element encoding, so a 4k-token prompt is
-one memcpy) and a tuple (msgpack only knows lists). Classes must be registered with `@message`
-so the receiver can find them by name -- and so nothing else can be instantiated from the wire.
+one memcpy), a tuple (msgpack only knows lists), an integer beyond 64 bits (``{"__int__":
+decimal text}``) and a dict with a key that starts like a tag (``{"__map__": [[key, value],
+...]}``): a client's JSON may hold any integer and any key.
+Classes must be registered with `@message` so the receiver can find them by name -- and so
+nothing else can be instantiated from the wire.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _DTYPES: Dict[str, torch.dtype] = {
     "uint8": torch.uint8,
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1  # what msgpack encodes natively
 
 
 class SerdeError(ValueError):
@@ -46,6 +50,8 @@ def message(cls: Type[T]) -> Type[T]:
 
 def encode_value(value: Any, where: str) -> Any:
     """One value in msgpack-ready form; `where` names it in errors ("UserMsg.input_ids")."""
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value <= _UINT_MAX:
+        return {"__int__": str(value)}
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
     if isinstance(value, torch.Tensor):
@@ -69,8 +75,10 @@ def encode_value(value: Any, where: str) -> Any:
     if isinstance(value, list):
         return [encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
-        if any(not isinstance(k, str) or k.startswith("__") for k in value):
-            raise SerdeError(f"{where}: dict keys must be strings not starting with '__'")
+        if any(not isinstance(k, str) for k in value):
+            raise SerdeError(f"{where}: dict keys must be strings")
+        if any(k.startswith("__") for k in value):  # a client's JSON may use any key: keep it apart from the tags
+            return {"__map__": [[k, encode_value(v, f"{where}.{k}")] for k, v in value.items()]}
         return {k: encode_value(v, f"{where}.{k}") for k, v in value.items()}
     raise SerdeError(f"{where}: cannot send a {type(value).__name__}")
 
@@ -85,6 +93,10 @@ def decode_value(value: Any) -> Any:
         dtype = _DTYPES[value["__tensor__"]]
         # bytearray: torch wants a writable buffer, and the tensor must own its memory
         return torch.frombuffer(bytearray(value["data"]), dtype=dtype) if value["data"] else torch.empty(0, dtype=dtype)
+    if "__map__" in value:
+        return {k: decode_value(v) for k, v in value["__map__"]}
+    if "__int__" in value:
+        return int(value["__int__"])
     if "__tuple__" in value:
         return tuple(decode_value(v) for v in value["__tuple__"])
     if "__dc__" in value:

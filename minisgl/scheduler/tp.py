@@ -36,7 +36,7 @@ from .scheduler import ForwardResult, extends_scheduler, scheduler_bases
 
 READY_TIMEOUT_S = 600.0  # building a large model on a slow disk can take minutes
 
-Command = Tuple[Any, ...]  # ("add", ids, params, uid) | ("abort", uid)
+Command = Tuple[Any, ...]  # ("add", ids, params, uid, serialised grammar or None) | ("abort", uid)
 
 
 def rank_config(config: SchedulerConfig, rank: int) -> SchedulerConfig:
@@ -90,7 +90,8 @@ class TensorParallelMixin:
             pending = self.prefill.pending[-1]
             assert pending.uid == uid
             # the seed drawn here goes along, so followers need not draw the same one
-            self._commands.append(("add", pending.input_ids.tolist(), replace(params, seed=pending.seed), uid))
+            wire = self.grammar.wire(params) if hasattr(self, "grammar") else None  # so followers need not compile
+            self._commands.append(("add", pending.input_ids.tolist(), replace(params, seed=pending.seed), uid, wire))
         return uid
 
     def abort_request(self, uid: int) -> None:
@@ -169,7 +170,9 @@ class _Follower(*scheduler_bases()):
 
     def apply(self, command: Command) -> None:
         if command[0] == "add":
-            _, ids, params, uid = command
+            _, ids, params, uid, wire = command
+            if wire is not None:
+                self.grammar.accept(params, wire)  # rank 0's grammar: nothing to compile on this loop
             self.add_request(ids, params, uid)
         elif command[0] == "abort":
             self.abort_request(command[1])

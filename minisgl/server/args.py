@@ -34,11 +34,16 @@ class ServerConfig:
                                                                               "bytes; a larger one gets 413 before it "
                                                                               "is parsed"})
     grammar_timeout_s: float = field(default=10.0, metadata={
-        "flag": "grammar_timeout", "help": "seconds a response_format JSON schema may take to compile (beside the "
-                                           "engine's loop); a slower one is refused with a 400"})
+        "flag": "grammar_timeout", "help": "seconds a request with a response_format JSON schema may wait for its "
+                                           "grammar, compiling (beside the engine's loop) and queueing for a "
+                                           "compiler included; past it the request is refused with a 400"})
     max_schema_bytes: int = field(default=64 * 1024, metadata={"help": "largest response_format JSON schema accepted, "
                                                                        "in bytes; a larger one is refused with a 400 "
                                                                        "before it is compiled"})
+    grammar_cache_mb: int = field(default=256, metadata={"help": "memory the scheduler keeps compiled JSON-schema "
+                                                                 "grammars in, in MiB (a grammar is charged its "
+                                                                 "serialised size, what it holds); the least recently "
+                                                                 "used are dropped past it"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "flag": "drain_timeout", "help": "seconds in-flight requests may still run after SIGTERM or Ctrl-C; the rest "
                                          "then end with an error"})
@@ -48,9 +53,9 @@ class ServerConfig:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
-        if self.grammar_timeout_s <= 0 or self.max_schema_bytes < 1:
-            raise ValueError(f"grammar_timeout_s and max_schema_bytes must be positive, got {self.grammar_timeout_s} "
-                             f"and {self.max_schema_bytes}")
+        if self.grammar_timeout_s <= 0 or self.max_schema_bytes < 1 or self.grammar_cache_mb < 1:
+            raise ValueError(f"grammar_timeout_s, max_schema_bytes and grammar_cache_mb must be positive, got "
+                             f"{self.grammar_timeout_s}, {self.max_schema_bytes} and {self.grammar_cache_mb}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
 

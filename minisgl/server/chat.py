@@ -17,12 +17,26 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import Field, model_validator
 
+from .errors import MAX_DEPTH, json_depth
 from .protocol import MAX_TOP_LOGPROBS, I32_MAX, ResponseFormat, Unsupported, _Common, _Strict, quote
 
 
 class ToolCallFunction(_Strict):
     name: str
     arguments: str  # JSON text, as the model wrote it
+
+    @model_validator(mode="after")
+    def _json_arguments(self) -> "ToolCallFunction":
+        # the body's depth guard cannot see inside a string, and json.loads recurses once per level
+        depth = json_depth(self.arguments.encode("utf-8", "replace"))
+        if depth > MAX_DEPTH:
+            raise Unsupported("arguments", f"nests {depth} levels deep; this server accepts at most {MAX_DEPTH}")
+        try:
+            json.loads(self.arguments)
+        except json.JSONDecodeError as e:
+            reason = f"{e.msg} at character {e.pos}"
+            raise Unsupported("arguments", f"is not JSON ({reason}): {quote(self.arguments)}") from None
+        return self
 
 
 class ToolCall(_Strict):
@@ -92,11 +106,7 @@ class ChatMessage(_Strict):
         if self.tool_calls:
             calls = []
             for c in self.tool_calls:
-                try:
-                    args = json.loads(c.function.arguments)
-                except json.JSONDecodeError:
-                    raise Unsupported("tool_calls", f"arguments of {quote(c.function.name)} are not JSON: "
-                                                    f"{quote(c.function.arguments)}") from None
+                args = json.loads(c.function.arguments)  # checked by ToolCallFunction
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
             out["tool_calls"] = calls
         if self.tool_call_id is not None:

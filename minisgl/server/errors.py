@@ -3,10 +3,11 @@
     {"error": {"message": "...", "type": "invalid_request_error", "param": "seed", "code": null}}
 
 -- a refused field, a body that is not JSON, an unknown route (404), a wrong method (405), a body
-over the size limit (413), a dead engine (503) or a bug (500). The size limit and the nesting
-limit are enforced before the body is parsed, so a huge request costs its upload and nothing
-more, and a deeply nested one never reaches code that recurses once per level (Python's JSON
-parser, pydantic, the encoders between the processes), where it would end as a 500. An error
+over the size limit (413), a body not in UTF-8 (415), a dead engine (503) or a bug (500). The size
+limit, the encoding and the nesting limit are enforced before the body is parsed, so a huge
+request costs its upload and nothing more, and a deeply nested one never reaches code that
+recurses once per level (Python's JSON parser, pydantic, the encoders between the processes),
+where it would end as a 500. An error
 message quotes what the client sent only up to `QUOTE_CHARS` characters.
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from minisgl.core import InvalidRequestError
 
-from .protocol import Unsupported
+from .protocol import Unsupported, quote
 
 MAX_DEPTH = 64  # arrays and objects inside each other in a request body; real requests use a dozen
 MAX_MESSAGE_CHARS = 1000  # any error message, whatever it quotes
@@ -33,7 +34,7 @@ _STRING = re.compile(rb'"[^"]*"')  # a JSON string once its escapes are gone
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 _KIND = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-         413: "invalid_request_error", 503: "service_unavailable"}
+         413: "invalid_request_error", 415: "invalid_request_error", 503: "service_unavailable"}
 
 
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> Dict[str, Any]:
@@ -76,9 +77,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 404:
             routes = "/v1/models, /v1/completions, /v1/chat/completions"
-            message = f"no route {request.method} {request.url.path}: see {routes}"
+            message = f"no route {quote(request.method)} {quote(request.url.path)}: see {routes}"
         elif exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
+            message = f"{quote(request.method)} is not allowed on {quote(request.url.path)}"
         else:
             message = str(exc.detail)
         return error(exc.status_code, message)
@@ -89,7 +90,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:  # logged by Starlette too
-        return error(500, f"internal server error: {type(exc).__name__}: {str(exc)[:200]}")
+        # the exception text may hold server paths or client text: the log has it
+        return error(500, f"internal server error ({type(exc).__name__}); the server's log has the details")
 
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -107,8 +109,8 @@ def json_depth(body: bytes) -> int:
 
 
 class BodyLimit:
-    """ASGI middleware: read the body up to `max_bytes`, answer 413 beyond it and 400 when it nests
-    deeper than `MAX_DEPTH`, else hand it on."""
+    """ASGI middleware: read the body up to `max_bytes`, answer 413 beyond it, 415 when it is not
+    UTF-8 and 400 when it nests deeper than `MAX_DEPTH`, else hand it on."""
 
     def __init__(self, app: ASGIApp, max_bytes: int):
         self.app = app
@@ -142,7 +144,12 @@ class BodyLimit:
                 return await self._too_large(send)
             if not msg.get("more_body", False):
                 break
-        depth = json_depth(b"".join(chunks))
+        body = b"".join(chunks)
+        encoding = json.detect_encoding(body) if body else "utf-8"  # what the JSON parser will decode it as
+        if encoding not in ("utf-8", "utf-8-sig"):  # json_depth counts UTF-8 bytes only
+            return await self._refuse(send, 415, f"the request body is {encoding.upper()}; this server reads JSON "
+                                                 "in UTF-8 only (RFC 8259): send it as UTF-8")
+        depth = json_depth(body)
         if depth > MAX_DEPTH:
             return await self._refuse(send, 400, f"the request body nests arrays and objects {depth} levels deep; "
                                                  f"this server accepts at most {MAX_DEPTH}")
@@ -152,7 +159,7 @@ class BodyLimit:
             nonlocal replayed
             if not replayed:  # the whole body once; then the real channel (disconnects)
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

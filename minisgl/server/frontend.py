@@ -156,7 +156,7 @@ class Lifecycle:
 
     def refusal(self) -> Optional[str]:
         if self.failed:
-            return f"the engine failed to start ({self.failed}); the server is exiting"
+            return "the engine failed to start (the server's log says why); the server is exiting"  # no server paths
         if self.dead:
             return f"the engine is gone ({self.dead}); the server is exiting"
         if self.draining:

@@ -87,6 +87,8 @@ def _run_scheduler(args: ServerArgs, addrs: Addresses, parent_pid: int, ready: C
         # JSON schemas compile beside the loop, so one slow schema never stalls the other streams
         limits = CompileLimits(args.server.grammar_timeout_s, args.server.max_schema_bytes)
         sched.grammar.aside = AsideCompiler(sched.grammar, limits)
+        sched.grammar.cache_bytes = args.server.grammar_cache_mb * 1024 * 1024
+        sched.grammar.keep_wire = args.engine.tp_size > 1  # the other ranks get each grammar compiled
     except Exception as e:  # reported to the parent, which prints it and exits
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise

@@ -9,7 +9,7 @@ server gets its own registry, so two servers in one process (tests) never share 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from minisgl.message import StatusMsg
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CLIENT_CLOSED = 499  # the client hung up before any answer (nginx's code for it)
 # seconds: from a fast GPU step to a long prefill on the CPU
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -67,19 +68,24 @@ class CountResponses:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        status = [500]  # what the client gets if the app fails before it answers
+        status: List[Optional[int]] = [None]
 
         async def watch(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
 
+        # an app that raises before answering gets Starlette's 500; one that returns without an
+        # answer saw its client hang up (mid-body, say): 499, as nginx logs it, never a 500
+        unanswered = 500
         try:
             await self.app(scope, receive, watch)
+            unanswered = CLIENT_CLOSED
         finally:
             path = scope["path"]
             route = path if path in self.routes else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
-            self.metrics.requests.labels(route, str(status[0])).inc()
+            code = status[0] if status[0] is not None else unanswered
+            self.metrics.requests.labels(route, str(code)).inc()
 
 
 class Metrics:

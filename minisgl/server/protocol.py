@@ -124,7 +124,7 @@ class _Common(_Strict):
     def _valid_unicode(cls, data: Any) -> Any:
         where = find_lone_surrogate(data)
         if where is not None:
-            raise ValueError(f"{where[:100]} is not valid Unicode (a lone UTF-16 surrogate): send UTF-8 text")
+            raise ValueError(f"{where[:QUOTE_CHARS]} is not valid Unicode (a lone UTF-16 surrogate): send UTF-8 text")
         return data
 
     @field_validator("top_k")

@@ -79,7 +79,7 @@ class TokenizeManager:
         for i, tool in enumerate(tools or ()):
             name = tool["function"]["name"]
             if name not in text:
-                raise InvalidRequestError(f"tools.{i}: the model's chat template left out the tool {name!r}")
+                raise InvalidRequestError(f"tools.{i}: the model's chat template left out the tool {name[:40]!r}")
         for i, m in enumerate(messages):
             missing = [p for p in _said(m) if p not in text]
             if missing:
