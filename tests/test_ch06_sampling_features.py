@@ -325,7 +325,7 @@ from minisgl.message import DetokenizeMsg, UserMsg, deserialize, serialize  # no
 
 def test_new_fields_survive_serialisation():
     sp = SP(presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.1, min_p=0.05, logit_bias=((3, -100.0), (9, 2.5)),
-            logprobs=3, min_tokens=0, json_mode="schema", json_schema=json.dumps(SCHEMA), seed=2**64 - 1)
+            logprobs=3, min_tokens=0, json_mode="schema", json_schema=json.dumps({"type": "object", "required": ["ok"]}), seed=2**64 - 1)
     back = deserialize(serialize(UserMsg(1, torch.tensor([1, 2], dtype=torch.int32), sp)))
     assert back.sampling_params == sp
     msg = DetokenizeMsg(4, 17, None, -0.25, ((17, -0.25), (3, -1.5)))

@@ -140,7 +140,9 @@ def test_a_grading_under_the_test_harness_leaves_the_learners_record_alone() -> 
     """tests/conftest.py points the judge's state at a temporary folder through the environment:
     a fresh interpreter (a notebook's kernel, a `judge.py`) finds it there, and a grading saved
     under the harness goes there and leaves the repository's .judge/results.json as it was."""
-    from conftest import JUDGE_STATE_ENV
+    from file_module import load_file
+
+    JUDGE_STATE_ENV = load_file(Path(__file__).resolve().parent / "conftest.py", "_tests_conftest").JUDGE_STATE_ENV
 
     assert JUDGE_STATE_ENV == registry.STATE_ENV
     harness = Path(os.environ[registry.STATE_ENV]).resolve()

@@ -327,7 +327,7 @@ def test_config_only_mode(tmp_path):
 def test_prepared_models_look_right():
     import json
 
-    from conftest import models_dir
+    models_dir = _tests_conftest().models_dir
 
     folder = models_dir() / "smollm2-135m-instruct"
     if not (folder / ".prepared.json").is_file():
@@ -351,7 +351,7 @@ def test_random_weights_mode_builds_a_loadable_folder_from_config_and_tokenizer(
     import json
     import shutil
 
-    from conftest import models_dir
+    models_dir = _tests_conftest().models_dir
 
     tiny = models_dir() / "tiny-llama"
     if not (tiny / "config.json").is_file():
@@ -396,3 +396,11 @@ def test_random_weights_mode_says_what_is_missing(tmp_path):
                            "--only", "smollm2-135m-instruct", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "lacks config.json" in proc.stderr
+
+
+def _tests_conftest():
+    """tests/conftest.py as a module of its own (`import conftest` may find chapters/conftest.py, the
+    notebooks' plugin, when both folders are collected in one run)."""
+    from file_module import load_file
+
+    return load_file(Path(__file__).resolve().parent / "conftest.py", "_tests_conftest")
