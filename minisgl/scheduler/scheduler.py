@@ -291,6 +291,10 @@ class Scheduler:
         self.cache.release(req)
         self.table.free(req.table_idx)
 
+    def shutdown(self) -> None:
+        """Stop what this scheduler started besides itself: nothing here (a mixin that starts
+        processes stops them). Idempotent; the front ends call it when they stop."""
+
     # ---- checks -------------------------------------------------------------------------------
     def check_integrity(self) -> None:
         live = list(self.live.values())
