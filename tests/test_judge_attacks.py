@@ -506,7 +506,7 @@ def test_grade_all_keeps_what_it_graded_through_ctrl_c_and_resumes(tmp_path: Pat
         while not (out / "learners" / "ada.learner.json").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert (out / "learners" / "ada.learner.json").exists(), proc.communicate(timeout=5)[0][-3000:]  # recorded as she finished
-        time.sleep(1.0)  # bob's worker is looping now
+        time.sleep(3.0)  # bob's worker is started and looping now (a Ctrl-C while it starts is not this test's case)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         text = proc.communicate(timeout=30)[0]
