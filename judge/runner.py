@@ -303,6 +303,8 @@ def run_cases(
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}
                 return report
             _LIVE.add(proc)
+            if _CANCEL.is_set():  # interrupted while it was starting: cancel_all found no process to end
+                proc.kill()
             try:
                 stop, killed_for = _watch(proc, events, remaining, report, limit, on_done, speed, STARTUP_S if fresh else LOAD_S)
             finally:
