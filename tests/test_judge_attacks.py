@@ -500,7 +500,9 @@ def test_grade_all_keeps_what_it_graded_through_ctrl_c_and_resumes(tmp_path: Pat
     roster.write_text("learner\nada\nbob\ncy\nzed\n")  # zed handed nothing in
     out = tmp_path / "grades"
     proc = subprocess.Popen([sys.executable, "judge.py", "grade-all", str(subs), "--exercise", EX, "--jobs", "1", "--seed", "5",
-                             "--roster", str(roster), "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--roster", str(roster), "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # as from a terminal: a test worker may run with SIGINT ignored, which a child inherits
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (out / "learners" / "ada.learner.json").exists() and time.monotonic() < deadline and proc.poll() is None:
