@@ -14,21 +14,7 @@ def make_scheduler(config):
     each request's tokens and finish reason as `harness.make_scheduler`'s does."""
     from minisgl.scheduler import ChunkedPrefillMixin, OverlapMixin, Scheduler
 
-    class Recording(OverlapMixin, ChunkedPrefillMixin, Scheduler):
-        def __init__(self, cfg):
-            super().__init__(cfg)
-            self.outputs = {}
-
-        def on_token(self, req, token, finish_reason):
-            out = self.outputs.setdefault(req.uid, harness.Finished())
-            if token is not None:
-                out.tokens.append(int(token))
-            out.finish_reason = finish_reason
-
-        def on_finish_unstarted(self, uid, reason):
-            self.outputs.setdefault(uid, harness.Finished()).finish_reason = reason
-
-    return Recording(config)
+    return harness.make_scheduler(config, (OverlapMixin, ChunkedPrefillMixin, Scheduler))
 
 
 def _run(obs: Obs, prompts, params, *, overlap: bool, aborts=None, early_reads=(), max_running: int = 8, budget: int = 8192) -> None:
