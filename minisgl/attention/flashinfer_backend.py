@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
-from minisgl.kernel import gather_page_indices, store_kv
+from minisgl.kernel import gather_page_indices
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -167,8 +167,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
 
     # ---- the forward pass --------------------------------------------------------------------
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
-        k_flat, v_flat = self._flat[layer_id]
-        store_kv(k, v, k_flat, v_flat, batch.out_loc)
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         return batch.attn_metadata.wrapper.run(q.contiguous(), self._paged[layer_id])
 
     # ---- CUDA graphs -------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""Fused GPU kernels (Triton) for the hot paths of a forward pass, and oneDNN's projections on the CPU.
+"""Triton kernels, each beside the plain PyTorch code it replaces, which stays its specification.
 
-The layers of `minisgl.layers` are the plain PyTorch reference. After loading, `swap_in_kernels` gives
-each layer that a kernel serves a kernel-backed class (`kernel.layers`); the attention backends call the
-attention kernels themselves. Each kernel entry point says which inputs it takes (its `*_fits` or
-`*_applies` check), and the tests hold every kernel to the layer it replaces.
+Each kernel entry point says which inputs it takes (its `*_fits` or `*_applies` check) and falls
+back to the plain code for anything else; `util.use_triton` says whether a kernel runs at all
+(Triton present, a GPU tensor or Triton's interpreter, kernels not switched off). The tests hold
+every kernel to the code it replaces.
 """
 
 from .activation import silu_and_mul, silu_and_mul_fits
