@@ -38,6 +38,11 @@ def _stages_module():
     return _load_by_path("_minisgl_stages", REPO / "tools" / "stages.py")
 
 
+def _workbook_env():
+    """The workbook's own switches (`tools/workbook_env.py`), loaded by path like `_env`."""
+    return _load_by_path("_workbook_env", REPO / "tools" / "workbook_env.py")
+
+
 def _env():
     """The checkout's minisgl/env.py (the environment switches), loaded by path: it imports
     nothing from minisgl, and the packages of the first chapters predate it."""
@@ -77,7 +82,7 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     torch.manual_seed(0)
     # One thread by default: a 135M model gains little from more on a laptop, every run does the
     # same arithmetic in the same order, and a busy machine cannot stall a thread team.
-    torch.set_num_threads(_env().ENV.num_threads)  # MINISGL_NUM_THREADS
+    torch.set_num_threads(_workbook_env().WORKBOOK.num_threads)  # MINISGL_NUM_THREADS
     if not quiet:
         total, new, _ = stages.summary(n)
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,7 +104,7 @@ def setup_plain() -> Path:
     import torch
 
     torch.manual_seed(0)
-    torch.set_num_threads(_env().ENV.num_threads)  # MINISGL_NUM_THREADS
+    torch.set_num_threads(_workbook_env().WORKBOOK.num_threads)  # MINISGL_NUM_THREADS
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"no minisgl: plain torch and safetensors; device: {device}")
     return default_model_path()

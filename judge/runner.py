@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
+from tools.workbook_env import WORKBOOK
+
 from . import procs, registry, scratch
 from .compare import well_formed
 from .files import create_new
-from .registry import REPO_ROOT, full_engine
+from .registry import REPO_ROOT
 from .result import TEXT_LIMIT, Status, clip
 
 STARTUP_S = 120.0  # a fresh interpreter: importing torch, the cases and the learner's file, before the first case
@@ -38,9 +40,7 @@ TREE_EVERY = 20  # polls between measurements of the memory of everything a work
 MAX_PROCS = 64  # processes a worker may have running at once (with itself): more is a fork bomb
 MAX_TIMEOUTS = 2  # after this many cases run out of time, the rest are not run
 # Fork workers from a preloaded process on the CPU (MINISGL_JUDGE_FORK=0 starts each afresh).
-with full_engine():  # a notebook may have staged a chapter's package that predates env.py
-    from minisgl.env import ENV
-USE_ZYGOTE = ENV.judge_fork
+USE_ZYGOTE = WORKBOOK.judge_fork
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Every environment variable minisgl reads, declared once with its meaning, and read only here.
 
-This module imports nothing from minisgl, so any stage of the package (and the notebooks'
-helpers) can use it. A variable is `MINISGL_<FIELD>` (the field's name in capitals) unless its metadata names it
+A variable is `MINISGL_<FIELD>` (the field's name in capitals) unless its metadata names it
 otherwise; its type is the type of its default. They are read once, when this module is first
 imported, into the frozen `ENV`. A variable only ever chooses a *default*: a flag or keyword
-argument that names the same setting wins (see `SchedulerConfig.overlap`).
+argument that names the same setting wins (see `SchedulerConfig.overlap`). This module imports
+nothing from minisgl, so the workbook around the engine declares its own variables with the same
+machinery (`switch`, `read_switches`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Type, TypeVar
 
 # the checkout: models/ lives here (a staged build of the package links its own models/ to it)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -20,56 +21,60 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
-def _var(meaning: str, name: str = "") -> dict:
+def switch(meaning: str, name: str = "") -> dict:
+    """A switch field's metadata: what it means, and its variable where that is not MINISGL_<FIELD>."""
     return {"help": meaning, "env": name}
+
 
 
 @dataclass(frozen=True)
 class EnvSwitches:
     # the engine (the default is the fast path)
-    disable_overlap: bool = field(default=False, metadata=_var("plan step N+1 while step N runs is off unless a front "
-                                                               "end asks for it"))
-    disable_cuda_graph: bool = field(default=False, metadata=_var("decode steps run eagerly unless a front end asks "
-                                                                  "for CUDA graphs"))
-    check_integrity: bool = field(default=False, metadata=_var("check every table row and KV page after each "
-                                                               "scheduler step (slow)"))
-    disable_kernels: bool = field(default=False, metadata=_var("no Triton kernel on a GPU: the kernel pass leaves "
-                                                               "the layers plain PyTorch, backends run the plain "
-                                                               "sequence"))
-    disable_onednn: bool = field(default=False, metadata=_var("float32 projections on the CPU through F.linear (MKL), "
-                                                              "not oneDNN: no second copy of the weights, "
-                                                              "transformers' rounding"))
-    triton_interpret: bool = field(default=False, metadata=_var("Triton's own interpreter: the kernels then run on "
-                                                                "CPU tensors too", "TRITON_INTERPRET"))
-    model: str = field(default="", metadata=_var("model directory used when none is given (default: the bundled "
-                                                 "SmolLM2-135M-Instruct)"))
-    tp_timeout: float = field(default=300.0, metadata=_var("seconds a tensor-parallel collective waits for a peer "
-                                                           "before it fails"))
-    log_level: str = field(default="WARNING", metadata=_var("level of the `minisgl` loggers: DEBUG, INFO, WARNING or "
-                                                            "ERROR"))
-    cpu_kv_budget_gb: float = field(default=0.5, metadata=_var("GiB the KV pool may take on the CPU (default 0.5: a "
-                                                               "full 8,192-token context of the bundled model in "
-                                                               "float32)"))
-    # the workbook around the engine
-    num_threads: int = field(default=1, metadata=_var("CPU threads a chapter notebook gives torch"))
-    judge_fork: bool = field(default=True, metadata=_var("the judge forks its workers from a preloaded process (0: a "
-                                                         "fresh interpreter each)"))
-    test_device: str = field(default="cpu", metadata=_var("device the test suite runs the engine on"))
-    test_dtype: str = field(default="float32", metadata=_var("dtype the test suite runs the engine in"))
-    test_attention: str = field(default="torch", metadata=_var("attention backend the test suite uses"))
-    test_oracle: str = field(default="", metadata=_var("'recompute': the tests recompute transformers' outputs "
-                                                       "instead of reading the recorded ones"))
+    disable_overlap: bool = field(default=False, metadata=switch(
+        "plan step N+1 while step N runs is off unless a front end asks for it"))
+    disable_cuda_graph: bool = field(default=False, metadata=switch(
+        "decode steps run eagerly unless a front end asks for CUDA graphs"))
+    check_integrity: bool = field(default=False, metadata=switch(
+        "check every table row and KV page after each scheduler step (slow)"))
+    disable_kernels: bool = field(default=False, metadata=switch(
+        "no Triton kernel on a GPU: the kernel pass leaves the layers plain PyTorch, backends run the "
+        "plain sequence"))
+    disable_onednn: bool = field(default=False, metadata=switch(
+        "float32 projections on the CPU through F.linear (MKL), not oneDNN: no second copy of the "
+        "weights, transformers' rounding"))
+    triton_interpret: bool = field(default=False, metadata=switch(
+        "Triton's own interpreter: the kernels then run on CPU tensors too", "TRITON_INTERPRET"))
+    model: str = field(default="", metadata=switch(
+        "model directory used when none is given (default: the bundled SmolLM2-135M-Instruct)"))
+    tp_timeout: float = field(default=300.0, metadata=switch(
+        "seconds a tensor-parallel collective waits for a peer before it fails"))
+    log_level: str = field(default="WARNING", metadata=switch(
+        "level of the `minisgl` loggers: DEBUG, INFO, WARNING or ERROR"))
+    cpu_kv_budget_gb: float = field(default=0.5, metadata=switch(
+        "GiB the KV pool may take on the CPU (default 0.5: a full 8,192-token context of the bundled "
+        "model in float32)"))
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> EnvSwitches:
-        """The switches as `environ` sets them; a value that does not parse raises ValueError."""
-        return cls(**{f.name: _parse(variable_name(f.name), environ[variable_name(f.name)], f.default)
-                      for f in fields(cls) if variable_name(f.name) in environ})
+        return read_switches(cls, environ)
 
 
-def variable_name(field_name: str) -> str:
-    """The environment variable behind an `EnvSwitches` field."""
-    meta = EnvSwitches.__dataclass_fields__[field_name].metadata
+T = TypeVar("T")
+
+
+def read_switches(cls: Type[T], environ: Mapping[str, str] = os.environ) -> T:
+    """A dataclass of switches as `environ` sets them; a value that does not parse raises ValueError."""
+    values = {}
+    for f in fields(cls):
+        name = variable_name(f.name, cls)
+        if name in environ:
+            values[f.name] = _parse(name, environ[name], f.default)
+    return cls(**values)
+
+
+def variable_name(field_name: str, cls: Optional[type] = None) -> str:
+    """The environment variable behind a switch field (of `EnvSwitches` unless `cls` says otherwise)."""
+    meta = (cls or EnvSwitches).__dataclass_fields__[field_name].metadata
     return meta["env"] or f"MINISGL_{field_name.upper()}"
 
 

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from minisgl.env import ENV
+from tools.workbook_env import WORKBOOK
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODELS = REPO_ROOT / "models"
@@ -102,7 +102,7 @@ def hf_greedy(path: Path, ids: Sequence[int], max_tokens: int, stop_at_eos: bool
 
     model = hf_model(path)
     stops = set(eos_ids(path)) if stop_at_eos else set()
-    if ENV.test_oracle == "recompute":
+    if WORKBOOK.test_oracle == "recompute":
         # no KV cache at all: one full forward per token (for transformers releases whose cache
         # API differs from the one below)
         seq, out = list(ids), []
@@ -176,7 +176,7 @@ def hf_logits(path: Path, ids: Sequence[int]) -> torch.Tensor:
 
 # The suite runs on the CPU by default; on a GPU machine the same tests run there with
 # MINISGL_TEST_DEVICE=cuda (float32: token-exact; MINISGL_TEST_DTYPE=bfloat16: see test_ch06).
-TEST_DEVICE, TEST_DTYPE, TEST_ATTENTION = ENV.test_device, ENV.test_dtype, ENV.test_attention
+TEST_DEVICE, TEST_DTYPE, TEST_ATTENTION = WORKBOOK.test_device, WORKBOOK.test_dtype, WORKBOOK.test_attention
 
 
 def small_engine_kwargs(**overrides) -> dict:

@@ -18,10 +18,12 @@ import torch
 
 from helpers import TINY_LLAMA
 from minisgl.engine import EngineConfig
-from minisgl.env import EnvSwitches, variable_name
+from minisgl.env import EnvSwitches, read_switches, variable_name
+from tools.workbook_env import WorkbookSwitches
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_MODULE = REPO / "minisgl" / "env.py"
+WORKBOOK_ENV_MODULE = REPO / "tools" / "workbook_env.py"
 
 
 def test_every_switch_is_declared_with_its_meaning():
@@ -34,17 +36,28 @@ def test_every_switch_is_declared_with_its_meaning():
 
 
 def test_switches_parse_by_the_type_of_their_default():
-    env = EnvSwitches.read({"MINISGL_DISABLE_OVERLAP": "1", "TRITON_INTERPRET": "true", "MINISGL_JUDGE_FORK": "0",
-                            "MINISGL_TP_TIMEOUT": "12.5", "MINISGL_NUM_THREADS": "3", "MINISGL_MODEL": "/m", "UNRELATED": "x"})
-    assert env == EnvSwitches(disable_overlap=True, triton_interpret=True, judge_fork=False, tp_timeout=12.5, num_threads=3, model="/m")
+    env = EnvSwitches.read({"MINISGL_DISABLE_OVERLAP": "1", "TRITON_INTERPRET": "true", "MINISGL_TP_TIMEOUT": "12.5",
+                            "MINISGL_CPU_KV_BUDGET_GB": "2", "MINISGL_MODEL": "/m", "UNRELATED": "x"})
+    assert env == EnvSwitches(disable_overlap=True, triton_interpret=True, tp_timeout=12.5, cpu_kv_budget_gb=2.0, model="/m")
     assert EnvSwitches.read({}) == EnvSwitches()
     assert EnvSwitches.read({"MINISGL_DISABLE_OVERLAP": "0"}).disable_overlap is False
 
 
 @pytest.mark.parametrize("name, raw", [("MINISGL_DISABLE_OVERLAP", "maybe"), ("MINISGL_TP_TIMEOUT", "soon"), ("MINISGL_NUM_THREADS", "1.5")])
 def test_a_malformed_switch_is_refused_by_name(name, raw):
+    switches = WorkbookSwitches if name == "MINISGL_NUM_THREADS" else EnvSwitches
     with pytest.raises(ValueError, match=name):
-        EnvSwitches.read({name: raw})
+        read_switches(switches, {name: raw})
+
+
+def test_the_workbook_declares_its_own_switches_outside_the_engine():
+    """The chapters', tests' and judge's variables are declared in tools/, read by the engine's machinery."""
+    engine_names = {variable_name(f.name) for f in fields(EnvSwitches)}
+    workbook_names = {variable_name(f.name, WorkbookSwitches) for f in fields(WorkbookSwitches)}
+    assert {"MINISGL_JUDGE_FORK", "MINISGL_NUM_THREADS", "MINISGL_TEST_DEVICE"} <= workbook_names
+    assert not engine_names & workbook_names
+    assert read_switches(WorkbookSwitches, {"MINISGL_JUDGE_FORK": "0", "MINISGL_NUM_THREADS": "3"}) == \
+        WorkbookSwitches(judge_fork=False, num_threads=3)
 
 
 def _environment_reads(tree: ast.AST) -> List[ast.AST]:
@@ -103,11 +116,11 @@ def test_the_engine_reads_the_environment_only_in_env_py():
 def test_no_module_outside_env_py_reads_a_minisgl_setting():
     offenders = []
     for path in _sources("**/*.py", ".jupyter/*.py"):
-        if path == ENV_MODULE:
+        if path in (ENV_MODULE, WORKBOOK_ENV_MODULE):
             continue
         for node in _minisgl_setting_reads(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert not offenders, f"MINISGL_* read outside minisgl/env.py (use minisgl.env.ENV): {offenders}"
+    assert not offenders, f"MINISGL_* read outside minisgl/env.py and tools/workbook_env.py: {offenders}"
 
 
 def test_the_scan_sees_each_way_of_reading():
