@@ -7,13 +7,16 @@ of `nbval_sanitize.cfg`; images, `nbval-skip` and `nbval-ignore-output` cells le
 A stale cell fails its test, except in the notebooks of `NOT_YET_REFRESHED`, whose stale cells
 are reported as warnings until the notebook is re-executed on a quiet machine and saved
 (`python tools/stale_outputs.py NN --write`) and taken off the list. The chapters are saved from a
-CPU run, so on a machine with an NVIDIA GPU (where they take their GPU paths) nothing is compared.
+CPU run, so on a machine with an NVIDIA GPU (where they take their GPU paths) nothing is compared;
+but for the cells tagged `gpu`, which need CUDA and are saved from a GPU run
+(`tools/gpu_outputs.py`): on a machine without a GPU those are run (they print "not run here")
+and not compared. nbval does not compare them either, since it runs lax and they are not tagged
+`nbval-check-output`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -30,9 +33,6 @@ NOT_YET_REFRESHED = frozenset({
     "11_overlap.ipynb", "12_message.ipynb", "16_tensor_parallel.ipynb",
     "19_kernels.ipynb",
 })
-
-
-ON_GPU_MACHINE = shutil.which("nvidia-smi") is not None  # as the Makefile decides it
 
 
 class StaleOutputWarning(UserWarning):
@@ -58,11 +58,11 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     """After nbval has run a cell (and compared it, if tagged): compare the rest."""
     cell, fresh = getattr(item, "cell", None), getattr(item, "test_outputs", None)
     options = getattr(item, "options", None)
-    if cell is None or fresh is None or options is None or options.get("check") or ON_GPU_MACHINE:
-        return  # not a notebook cell, nbval compared it already, or outputs saved on a CPU cannot apply
+    if cell is None or fresh is None or options is None or options.get("check"):
+        return  # not a notebook cell, or nbval compared it already
     so = _stale_outputs()
-    if not so.checked(cell):
-        return
+    if so.ON_GPU_MACHINE or not so.checked(cell):
+        return  # outputs saved on a CPU cannot apply here; or not compared at all (a `gpu` cell on a CPU)
     patterns = list(item.parent.sanitize_patterns.items()) or so.load_patterns()
     diff = so.first_difference(so.comparable(cell.get("outputs", []), patterns), so.comparable(fresh, patterns))
     if diff is None:

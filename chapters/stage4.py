@@ -9,6 +9,7 @@ staged package only needs what that chapter uses.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -25,6 +26,23 @@ def running_on(what: str, on_gpu: Optional[str] = None) -> str:
     if torch.cuda.is_available():
         return f"running on cuda ({torch.cuda.get_device_name()}): {on_gpu or what}"
     return f"running on cpu: {what}"
+
+
+def ran_on() -> str:
+    """The first line a `gpu` cell prints where it runs: the card, the software and the date. Such a
+    cell's output is saved with the chapter (`tools/gpu_outputs.py`) and read where no GPU is, so
+    it says where and when it was made."""
+    import datetime
+    import importlib.util
+
+    import torch
+
+    versions = f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    if importlib.util.find_spec("flashinfer") is not None:
+        import flashinfer
+
+        versions += f", flashinfer {getattr(flashinfer, '__version__', '(version unknown)')}"
+    return f"ran on {torch.cuda.get_device_name()} on {datetime.date.today().isoformat()} ({versions})"
 
 
 def flashinfer_ready() -> bool:
@@ -393,8 +411,157 @@ def flashinfer_against_torch(max_tokens: int = 16) -> str:
         del llm
         torch.cuda.empty_cache()
     (fi, fi_s, fi_name), (tb, tb_s, tb_name) = runs["flashinfer"], runs["torch"]
-    return (f"running on cuda, bfloat16: {fi_name} {fi_s * 1e3:.0f} ms, {tb_name} {tb_s * 1e3:.0f} ms for "
+    return (f"{ran_on()}\nbfloat16: {fi_name} {fi_s * 1e3:.0f} ms, {tb_name} {tb_s * 1e3:.0f} ms for "
             f"{len(_GPU_PROMPTS)} requests x {max_tokens} tokens; {_agreement(fi, tb)}")
+
+
+@dataclass
+class StepTimes:
+    """One attention backend's step times for one batch: `batch_size` fresh prompts prefilled
+    together, then decoded together."""
+
+    backend: str  # the class that attended, e.g. FlashInferAttnBackend
+    batch_size: int
+    prompt_len: int
+    prefill_s: float  # the prefill step of the whole batch
+    decode_s: float  # the median decode step
+
+
+def _sync(llm) -> None:
+    import torch
+
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize(llm.device)
+
+
+def _timed_steps(llm, batch_size: int, prompt_len: int, decode_steps: int, seed: int):
+    """Seconds of each prefill step and of each decode step while `batch_size` fresh prompts of
+    `prompt_len` random token ids each generate `1 + decode_steps` tokens. Overlap is off in the
+    engines this is given, so a step launches one batch and reads its tokens before returning."""
+    import random
+    import time
+
+    from minisgl.core import SamplingParams
+
+    rng = random.Random(seed)
+    params = SamplingParams(max_tokens=1 + decode_steps, ignore_eos=True)
+    uids = [llm.add_request([rng.randint(100, 10000) for _ in range(prompt_len)], params) for _ in range(batch_size)]
+    times: Dict[str, List[float]] = {"prefill": [], "decode": []}
+    while not llm.is_idle:
+        launched = len(llm.trace)
+        _sync(llm)
+        start = time.perf_counter()
+        llm.step()
+        _sync(llm)
+        took = time.perf_counter() - start
+        phases = {t.phase for t in llm.trace[launched:]}
+        if len(phases) == 1:
+            times[phases.pop()].append(took)
+    for uid in uids:
+        llm.take_output(uid)
+    return times["prefill"], times["decode"]
+
+
+def backend_step_times(backend: str, batch_sizes: Sequence[int] = (1, 8, 32), prompt_len: int = 512,
+                       decode_steps: int = 32, model: Optional[str] = None, **options) -> List[StepTimes]:
+    """The prefill step and the median decode step of the attention backend named `backend`, one
+    engine for every batch size, both eager (the torch backend has no CUDA graphs). Each batch
+    size runs twice, the first time untimed: kernels are compiled and memory taken then. Nothing is
+    reused between prompts (`prefix_cache="naive"`), so every prefill computes its whole prompt.
+    `options`: other engine settings by name (`dtype="float32"`)."""
+    import gc
+    import statistics
+
+    import torch
+    from minisgl.core import set_global_ctx
+    from minisgl.engine import EngineConfig
+    from minisgl.llm import LLM
+
+    if decode_steps < 1 or prompt_len < 1 or min(batch_sizes) < 1:
+        raise ValueError(f"batch sizes, prompt_len and decode_steps must be at least 1; got {list(batch_sizes)}, "
+                         f"{prompt_len}, {decode_steps}")
+    if model is None:
+        from book import default_model_path
+
+        model = str(default_model_path())
+    max_bs, max_len = max(batch_sizes), prompt_len + decode_steps + 8
+    page = options.get("page_size", EngineConfig.page_size)
+    llm = LLM(model, attention_backend=backend, use_cuda_graph=False, overlap=False, prefix_cache="naive",
+              max_running_reqs=max_bs, max_seq_len=max_len, num_pages=max_bs * (max_len + page) // page + 16, **options)
+    try:
+        if max_bs * prompt_len > llm.config.max_extend_tokens:
+            raise ValueError(f"{max_bs} prompts of {prompt_len} tokens would be prefilled over several steps (the "
+                             f"budget is {llm.config.max_extend_tokens} tokens a step): pass smaller batch sizes or "
+                             "prompts, or a larger max_extend_tokens")
+        name = type(llm.engine.attn_backend).__name__
+        rows = []
+        for i, bs in enumerate(batch_sizes):
+            _timed_steps(llm, bs, prompt_len, decode_steps, seed=2 * i)
+            prefill, decode = _timed_steps(llm, bs, prompt_len, decode_steps, seed=2 * i + 1)
+            rows.append(StepTimes(name, bs, prompt_len, sum(prefill), statistics.median(decode)))
+        return rows
+    finally:
+        llm.shutdown()
+        set_global_ctx(None)
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def step_times_table(runs: Dict[str, List[StepTimes]]) -> str:
+    """Milliseconds per prefill step and per decode step, one row per batch size and backend, each
+    also as a multiple of the first backend's time for the same batch."""
+    from figures import table
+
+    first = next(iter(runs.values()))
+    rows = []
+    for i, base in enumerate(first):
+        for name, times in runs.items():
+            t = times[i]
+            rows.append({"batch": t.batch_size, "backend": name,
+                         "prefill ms": f"{t.prefill_s * 1e3:.2f}", "decode ms": f"{t.decode_s * 1e3:.2f}",
+                         "prefill x": f"{t.prefill_s / base.prefill_s:.2f}",
+                         "decode x": f"{t.decode_s / base.decode_s:.2f}"})
+    return table(rows)
+
+
+def step_times_figure(runs: Dict[str, List[StepTimes]], title: str = ""):
+    """Two panels, the prefill step and the decode step, in milliseconds against the batch size,
+    one bar per backend."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    width = 0.8 / len(runs)
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        for k, (name, rows) in enumerate(runs.items()):
+            xs = [i + (k - (len(runs) - 1) / 2) * width for i in range(len(rows))]
+            ax.bar(xs, [getattr(r, f"{phase}_s") * 1e3 for r in rows], width, label=name,
+                   color=RANK_COLORS[k % len(RANK_COLORS)])
+        first = next(iter(runs.values()))
+        ax.set_xticks(range(len(first)), [str(r.batch_size) for r in first])
+        ax.set_xlabel(f"batch size (prompts of {first[0].prompt_len} tokens)")
+        ax.set_ylabel("ms per step")
+        ax.set_title(f"one {phase} step" + (" (median)" if phase == "decode" else ""), fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def flashinfer_step_times(batch_sizes: Sequence[int] = (1, 8, 32), prompt_len: int = 512,
+                          decode_steps: int = 32) -> str:
+    """On CUDA with FlashInfer: the prefill step and the decode step of the default model
+    (SmolLM2-135M, bfloat16) with the FlashInfer backend and with the torch backend, same batches,
+    as a table (returned) and a figure (drawn); elsewhere, says why nothing ran."""
+    if not flashinfer_ready():
+        return _NEEDS_FLASHINFER
+    runs = {b: backend_step_times(b, batch_sizes, prompt_len, decode_steps) for b in ("flashinfer", "torch")}
+    stamp = ran_on()
+    step_times_figure(runs, stamp)
+    first = runs["flashinfer"][0]
+    return (f"{stamp}\n{first.prompt_len}-token prompts, eager, the GPU synchronized around each step "
+            f"(x: times FlashInfer's):\n{step_times_table(runs)}")
 
 
 def cuda_graphs_against_eager(max_tokens: int = 16) -> str:
@@ -414,7 +581,7 @@ def cuda_graphs_against_eager(max_tokens: int = 16) -> str:
         del llm, runner
         torch.cuda.empty_cache()
     (g, g_s, sizes), (e, e_s, _) = runs[True], runs[False]
-    return (f"running on cuda: {len(sizes)} CUDA graphs captured (batch sizes {sizes}); "
+    return (f"{ran_on()}\n{len(sizes)} CUDA graphs captured (batch sizes {sizes}); "
             f"graphs {g_s * 1e3:.0f} ms, eager {e_s * 1e3:.0f} ms for {len(_GPU_PROMPTS)} requests x {max_tokens} tokens; "
             f"same tokens: {g == e}")
 
@@ -439,7 +606,7 @@ def triton_moe_against_torch(x, w13, w2, topk_weights, topk_ids) -> str:
         xs, a, b, w = (t.to(dtype) for t in args)
         got = fused_moe(xs, a, b, w, ids).double()
         parts.append(f"{str(dtype).removeprefix('torch.')} relative error {((got - want).abs().max() / want.abs().max()).item():.1e}")
-    return "running on cuda: Triton fused_moe against the loop over experts: " + ", ".join(parts)
+    return f"{ran_on()}\nTriton fused_moe against the loop over experts: " + ", ".join(parts)
 
 
 def interpreted(code: str, timeout: int = 300) -> str:

@@ -388,3 +388,48 @@ def test_many_requests_decode_through_graphs_like_the_torch_backend(tmp_path):
     got = decode_logits(model, prompts, "flashinfer")
     assert got[2] == "FlashInferAttnBackend"
     assert_decode_logits_close(got, want)
+
+
+# ---- the chapter's measurement: a step of each backend (chapters/stage4.py) --------------------
+def _stage4(monkeypatch):
+    """chapters/stage4.py, with the chapters' folder importable (it draws with figures.py)."""
+    from file_module import load_file
+
+    chapters = Path(__file__).resolve().parent.parent / "chapters"
+    monkeypatch.syspath_prepend(str(chapters))
+    return load_file(chapters / "stage4.py", "_stage4_under_test")
+
+
+def test_step_times_time_each_prefill_and_decode_step_of_a_backend(monkeypatch, models_dir):
+    """The torch half of section 9's measurement, on the CPU: one prefill step per batch and the
+    median decode step, for every batch size; the table and the figure take them; a batch that
+    would not prefill in one step is refused."""
+    stage4 = _stage4(monkeypatch)
+    model = str(models_dir / "tiny-llama")
+    rows = stage4.backend_step_times("torch", (1, 3), prompt_len=8, decode_steps=3, model=model, dtype="float32")
+    assert [(r.backend, r.batch_size, r.prompt_len) for r in rows] == [("TorchAttnBackend", 1, 8), ("TorchAttnBackend", 3, 8)]
+    assert all(r.prefill_s > 0 and r.decode_s > 0 for r in rows)
+    runs = {"flashinfer": rows, "torch": [stage4.StepTimes("t", r.batch_size, 8, 2 * r.prefill_s, 3 * r.decode_s) for r in rows]}
+    lines = stage4.step_times_table(runs).splitlines()
+    assert lines[0].split() == ["batch", "backend", "prefill", "ms", "decode", "ms", "prefill", "x", "decode", "x"]
+    assert [line.split()[1] for line in lines[2:]] == ["flashinfer", "torch"] * 2
+    assert [line.split()[-2:] for line in lines[3::2]] == [["2.00", "3.00"]] * 2
+    fig = stage4.step_times_figure(runs, "title")
+    assert [ax.get_title() for ax in fig.axes] == ["one prefill step", "one decode step (median)"]
+    with pytest.raises(ValueError, match="prefilled over several steps"):
+        stage4.backend_step_times("torch", (64,), prompt_len=128, decode_steps=1, model=model, dtype="float32")
+    if not stage4.flashinfer_ready():
+        assert stage4.flashinfer_step_times().startswith("not run here")
+
+
+@gpu
+def test_the_chapter_measures_flashinfer_against_the_torch_backend(monkeypatch):
+    """Section 9's cell, as the GPU run of the chapter makes it: the card and date first, then a row
+    per batch size and backend."""
+    stage4 = _stage4(monkeypatch)
+    if not stage4.flashinfer_ready():
+        pytest.skip("needs the flashinfer package")
+    text = stage4.flashinfer_step_times(batch_sizes=(1, 4), prompt_len=64, decode_steps=4)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"ran on {torch.cuda.get_device_name()} on ")
+    assert [line.split()[:2] for line in lines[4:]] == [["1", "flashinfer"], ["1", "torch"], ["4", "flashinfer"], ["4", "torch"]]

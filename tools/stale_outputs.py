@@ -16,6 +16,11 @@ kernel may send a figure once or twice) and widget views, cells tagged `nbval-sk
 machine by design: a timing without a unit, a figure saved from a GPU run). The exit status is 1
 when a cell is stale or a notebook fails to run.
 
+Cells tagged `gpu` need CUDA: their saved outputs come from a GPU run (copied in by
+`tools/gpu_outputs.py`), and on a machine without one they print "not run here". There they are
+run but not compared, and `--write` keeps their saved outputs, so a CPU refresh never wipes the
+GPU results.
+
 The same comparison runs inside the test suite's nbval run (`chapters/conftest.py`), on the outputs
 nbval has just produced, so the suite never executes a notebook twice.
 """
@@ -26,6 +31,7 @@ import argparse
 import configparser
 import json
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 CHAPTERS = REPO / "chapters"
 SANITIZE_CFG = CHAPTERS / "nbval_sanitize.cfg"
 IGNORE_TAGS = frozenset({"nbval-skip", "nbval-ignore-output"})
+GPU_TAG = "gpu"  # a code cell that needs CUDA; its saved output is a GPU run's (tools/gpu_outputs.py)
+ON_GPU_MACHINE = shutil.which("nvidia-smi") is not None  # as the Makefile decides it
+NOT_RUN = "not run here"  # what a `gpu` cell prints where it cannot run (chapters/stage4.py)
 SKIPPED_MIME = ("image/", "application/vnd.jupyter.widget")
 FIGURE = re.compile(r"<Figure size \d+x\d+ with \d+ Axes>$")
 
@@ -94,10 +103,20 @@ def first_difference(stored: Sequence[str], fresh: Sequence[str]) -> Optional[st
     return "the outputs differ in how they are split"
 
 
-def checked(cell: Mapping) -> bool:
-    """Whether a code cell's saved output is compared at all."""
-    tags = set(cell.get("metadata", {}).get("tags", []))
-    return cell.get("cell_type") == "code" and not tags & IGNORE_TAGS and cell.get("execution_count") is not None
+def tags(cell: Mapping) -> set:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def is_gpu_cell(cell: Mapping) -> bool:
+    return cell.get("cell_type") == "code" and GPU_TAG in tags(cell)
+
+
+def checked(cell: Mapping, on_gpu_machine: bool = ON_GPU_MACHINE) -> bool:
+    """Whether a code cell's saved output is compared at all. A `gpu` cell's is not where there is
+    no GPU: it was saved from a GPU run, and a run here prints "not run here"."""
+    if is_gpu_cell(cell) and not on_gpu_machine:
+        return False
+    return cell.get("cell_type") == "code" and not tags(cell) & IGNORE_TAGS and cell.get("execution_count") is not None
 
 
 @dataclass(frozen=True)
@@ -109,21 +128,61 @@ class Stale:
         return f"cell {self.cell}: {self.difference}"
 
 
-def stale_cells(stored_nb: Mapping, fresh_nb: Mapping, patterns: Optional[Patterns] = None) -> List[Stale]:
+def _same_cells(stored_nb: Mapping, fresh_nb: Mapping) -> None:
+    if [_text(c.get("source")) for c in stored_nb["cells"]] != [_text(c.get("source")) for c in fresh_nb["cells"]]:
+        raise ValueError("the two notebooks do not have the same cells")
+
+
+def stale_cells(stored_nb: Mapping, fresh_nb: Mapping, patterns: Optional[Patterns] = None,
+                on_gpu_machine: bool = ON_GPU_MACHINE) -> List[Stale]:
     """The cells of `stored_nb` whose saved outputs `fresh_nb` (the same notebook, executed) does not
     reproduce. The two must have the same cells (a fresh run of the stored notebook)."""
     patterns = load_patterns() if patterns is None else patterns
-    stored, fresh = stored_nb["cells"], fresh_nb["cells"]
-    if [_text(c.get("source")) for c in stored] != [_text(c.get("source")) for c in fresh]:
-        raise ValueError("the two notebooks do not have the same cells")
+    _same_cells(stored_nb, fresh_nb)
     found = []
-    for i, (s, f) in enumerate(zip(stored, fresh)):
-        if not checked(s):
+    for i, (s, f) in enumerate(zip(stored_nb["cells"], fresh_nb["cells"])):
+        if not checked(s, on_gpu_machine):
             continue
         diff = first_difference(comparable(s.get("outputs", []), patterns), comparable(f.get("outputs", []), patterns))
         if diff is not None:
             found.append(Stale(i, diff))
     return found
+
+
+def _output_text(cell: Mapping) -> str:
+    """Every text a cell printed or showed, errors included, for searching."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(_text(out.get("text")))
+        parts += [_text(v) for k, v in out.get("data", {}).items() if k.startswith("text/")]
+        if out.get("output_type") == "error":
+            parts.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return "\n".join(parts)
+
+
+def no_gpu_output(cell: Mapping) -> Optional[str]:
+    """Why a `gpu` cell's saved output is no GPU output, or None when it is one."""
+    if cell.get("execution_count") is None or not cell.get("outputs"):
+        return "no output (not run)"
+    if any(out.get("output_type") == "error" for out in cell["outputs"]):
+        error = next(out for out in cell["outputs"] if out.get("output_type") == "error")
+        return f"it raised {error.get('ename')}: {str(error.get('evalue'))[:160]}"
+    if NOT_RUN in _output_text(cell):
+        return f"it says {NOT_RUN!r}"
+    return None
+
+
+def keep_gpu_outputs(stored_nb: Mapping, fresh_nb: dict) -> int:
+    """Puts the saved GPU outputs of `stored_nb`'s `gpu` cells back into `fresh_nb` (a run of it on
+    a machine without a GPU, where those cells printed "not run here"); returns how many. A `gpu`
+    cell saved without a GPU output keeps the fresh one, which says why it did not run."""
+    _same_cells(stored_nb, fresh_nb)
+    kept = 0
+    for s, f in zip(stored_nb["cells"], fresh_nb["cells"]):
+        if is_gpu_cell(s) and no_gpu_output(s) is None:
+            f["outputs"], f["execution_count"] = s.get("outputs", []), s.get("execution_count")
+            kept += 1
+    return kept
 
 
 def _stored_order(value, key: str = ""):
@@ -186,13 +245,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"{path.name}: did not run: {error}")
                 bad += 1
                 continue
-        found = stale_cells(json.loads(path.read_text()), fresh, patterns)
+        stored = json.loads(path.read_text())
+        found = stale_cells(stored, fresh, patterns)
         print(f"{path.name}: {len(found)} stale cell{'s' if len(found) != 1 else ''}", flush=True)
         for s in found:
             print(f"  {s.line()}")
         if args.write and args.fresh is None:
+            kept = 0 if ON_GPU_MACHINE else keep_gpu_outputs(stored, fresh)
             save_notebook(fresh, path)
-            print(f"  saved the fresh outputs into {path.relative_to(REPO)}")
+            plural = "s" if kept != 1 else ""
+            print(f"  saved the fresh outputs into {path.relative_to(REPO)}"
+                  + (f" (kept the saved GPU outputs of {kept} `{GPU_TAG}` cell{plural})" if kept else ""))
         elif found:
             bad += 1
     return 1 if bad else 0
