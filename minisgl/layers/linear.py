@@ -1,6 +1,7 @@
 """Linear layers, each knowing how it is split across tensor-parallel ranks.
 
-The loader reads `shard_spec()` to cut checkpoint tensors; the layer itself only multiplies.
+Each layer sizes its weight for its rank's share; the loader (`models/weight.py`) cuts each
+checkpoint tensor to that share, and the layer itself only multiplies.
 - replicated: every rank holds the whole matrix.
 - column-parallel (merged): output features split; several checkpoint matrices stacked (gate|up).
 - QKV: heads split; KV heads replicated when there are fewer KV heads than ranks.
