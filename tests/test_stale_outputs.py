@@ -211,3 +211,13 @@ def test_write_without_a_gpu_keeps_the_gpu_output(tmp_path: Path):
     assert [c.outputs[0]["text"] for c in cells] == [GPU_SAVED, "yes\n", "4\n"]
     again = subprocess.run(tool, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "0 stale cells" in again.stdout, again.stdout + again.stderr
+
+
+def test_under_nbval_a_cell_ending_in_a_semicolon_displays_nothing_as_in_jupyter(tmp_path: Path):
+    """nbval's kernel keeps no history, so IPython cannot see the `;` and displays the last value;
+    Jupyter does not, and the saved notebook holds no such output. The plugin compares as Jupyter runs."""
+    chapters = _layout(tmp_path)
+    _write(new_notebook(cells=[_cell("x = 41\nx + 1;"), _cell("print(2 + 2)", _stdout("3\n"))]),
+           chapters / "22_quiet.ipynb")
+    out = _nbval(tmp_path, chapters / "22_quiet.ipynb")
+    assert "1 failed, 1 passed" in out and "FAILED chapters/22_quiet.ipynb::Cell 1" in out, out
