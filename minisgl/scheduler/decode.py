@@ -21,7 +21,7 @@ class DecodeManager:
         self.running.pop(req.uid, None)
 
     def schedule_next_batch(self) -> Optional[Batch]:
-        # sorted by uid: every tensor-parallel rank must build the identical batch
+        # sorted by uid: the same running set always gives the same batch, whatever the order of arrival
         reqs: List[Req] = [r for _, r in sorted(self.running.items()) if r.can_decode]
         for r in list(self.running.values()):
             if not r.can_decode:
