@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from .cache import CacheManager
-from .prefill import LongestPrefixMatch, PendingReq, register_schedule_policy
+from .prefill import LongestPrefixMatch, PendingReq, SchedulePolicy, register_schedule_policy
 
 if TYPE_CHECKING:  # config lists the registered policies, so this module is imported before it
     from .config import SchedulerConfig
@@ -25,16 +25,18 @@ LPM_MAX_WAIT = 8
 
 
 @register_schedule_policy("lpm-aged")
-class AgedLongestPrefix(LongestPrefixMatch):
+class AgedLongestPrefix(SchedulePolicy):
     """lpm, with the overdue first (in arrival order). `waited` maps the uid of every request seen
     waiting at the last step to the admission steps it has been passed over."""
 
     summary = f"lpm-aged: lpm, but a request passed over --lpm-max-wait steps goes first (default {LPM_MAX_WAIT})"
+    orders_by_prefix = True
 
     def __init__(self, lpm_max_wait: int = LPM_MAX_WAIT):
         assert lpm_max_wait >= 0, "SchedulerConfig checks lpm_max_wait"
         self.max_wait = lpm_max_wait
         self.waited: Dict[int, int] = {}
+        self.lpm = LongestPrefixMatch()
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> AgedLongestPrefix:
@@ -48,4 +50,4 @@ class AgedLongestPrefix(LongestPrefixMatch):
         overdue = [p for p in waiting if waited[p.uid] >= self.max_wait]
         fresh = [p for p in waiting if waited[p.uid] < self.max_wait]
         self.waited = {uid: n + 1 for uid, n in waited.items()}
-        return overdue + super().order(fresh, cache)
+        return overdue + self.lpm.order(fresh, cache)
