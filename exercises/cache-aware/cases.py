@@ -105,7 +105,8 @@ def _run(obs: Obs, policy, prompts: Sequence[Sequence[int]], max_tokens: Sequenc
          max_steps: int = 200, tag: str = "", trace: bool = True) -> Dict[str, object]:
     """Prefill and decode without a model: every request generates made-up tokens and, when done,
     releases its prompt and output into the prefix cache, so later orders depend on earlier ones.
-    Returns the prompt tokens computed and, per uid, the prefill batches launched while it waited."""
+    Returns the prompt tokens computed and, per uid, the prefill batches that admitted a request
+    arriving after it while it waited."""
     table, cache = harness.managers(rows=rows, num_pages=num_pages, page_size=page_size, max_seq_len=256)
     for ids in warm:
         harness.cache_prefix(cache, ids)
@@ -124,13 +125,16 @@ def _run(obs: Obs, policy, prompts: Sequence[Sequence[int]], max_tokens: Sequenc
                     break
                 continue
             reqs = decoding
+            if trace:
+                obs.eq(f"{tag}step {step}: decode uids", [r.uid for r in reqs])
         else:
             reqs = batch.reqs
             if trace:
                 obs.eq(f"{tag}step {step}: prefill (uid, cached_len, extend_len)", [[r.uid, r.cached_len, r.extend_len] for r in reqs])
                 obs.eq(f"{tag}step {step}: still waiting (uids in queue order)", [p.uid for p in pm.pending])
-            for p in pm.pending:
-                overtaken[p.uid] += 1
+            newest = max([r.uid for r in reqs if r not in live], default=-1)
+            for p in pm.pending:  # arrival order is uid order
+                overtaken[p.uid] += newest > p.uid
             computed += sum(r.extend_len for r in reqs)
             live += [r for r in reqs if r not in live]
             decode_turn = pm.chunked is not None
@@ -147,7 +151,8 @@ def _run(obs: Obs, policy, prompts: Sequence[Sequence[int]], max_tokens: Sequenc
         cache.check_integrity(live)
     obs.eq(f"{tag}everyone ran (nobody left waiting or running)", [len(pm.pending), len(live)])
     obs.eq(f"{tag}prompt tokens computed", computed)
-    obs.eq(f"{tag}per request: prefill batches launched while it waited", [overtaken[u] for u in range(len(prompts))])
+    obs.eq(f"{tag}per request: prefill batches that admitted a later arrival while it waited",
+           [overtaken[u] for u in range(len(prompts))])
     return dict(computed=computed, overtaken=overtaken)
 
 
