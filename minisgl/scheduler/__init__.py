@@ -9,6 +9,6 @@ from .structured import StructuredOutputMixin
 from .logprobs import LogprobMixin
 from .tp import TensorParallelMixin
 
-__all__ = ["AgedLongestPrefix", "Scheduler", "SchedulerConfig", "ForwardResult", "StepTrace", "extends_scheduler", "scheduler_bases",
+__all__ = ["Scheduler", "SchedulerConfig", "ForwardResult", "StepTrace", "extends_scheduler", "scheduler_bases",
            "scheduler_extensions", "ChunkedPrefillMixin", "OverlapMixin", "StructuredOutputMixin", "LogprobMixin",
-           "TensorParallelMixin"]
+           "TensorParallelMixin", "AgedLongestPrefix"]

@@ -23,9 +23,6 @@ from minisgl.utils import align_up, div_ceil
 from .cache import CacheManager
 from .table import TableManager
 
-if TYPE_CHECKING:
-    from .config import SchedulerConfig
-
 
 @dataclass
 class PendingReq:
@@ -120,6 +117,10 @@ class PrefillAdder:
         self.spent += req.extend_len
         self.reserved_pages += need
         return req
+
+
+if TYPE_CHECKING:
+    from .config import SchedulerConfig  # config imports this module
 
 
 # Scheduling policies: the order in which waiting requests are offered to admission (the queue
