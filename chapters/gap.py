@@ -381,3 +381,58 @@ def batch_size_figure(results: Dict[str, SimResult]):
     ax.set_xlabel("decode step"); ax.set_ylabel("running requests"); ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
+
+
+# ---- waiting under a cache-aware order ---------------------------------------------------------
+
+def hit_stream(hits: int, burst: int, every: int, prefix_len: int, tail: int, loner: int,
+               seed: int = 0) -> Tuple[List[List[int]], List[int]]:
+    """Traffic that keeps a cache-aware order busy: `hits` requests sharing one system prompt, the
+    first `burst` at step 0 and then two every `every` steps, and in place `loner` (in arrival
+    order) one request that shares nothing with them, arriving with its neighbours. Returns the
+    prompts in arrival order and their arrival steps."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(10, 5000) for _ in range(prefix_len)]
+    prompts = [prefix + [rng.randrange(10, 5000) for _ in range(tail)] for _ in range(hits)]
+    prompts.insert(loner, [rng.randrange(10, 5000) for _ in range(prefix_len + tail)])
+    return prompts, [0 if i < burst else every * ((i - burst) // 2 + 1) for i in range(len(prompts))]
+
+
+def serve_arrivals(llm, prompts: Sequence[Sequence[int]], arrivals: Sequence[int], params) -> List[int]:
+    """Drive `llm` one step at a time, adding each prompt at the start of its arrival step, until
+    every request is done. Returns each request's wait: the steps from its arrival to the step
+    that prefills it (0: prefilled in the step it arrived in)."""
+    first: Dict[int, int] = {}
+    index: Dict[int, int] = {}  # uid -> position in `prompts`
+    step = 0
+    while len(index) < len(prompts) or not llm.is_idle:
+        for i in [i for i, a in enumerate(arrivals) if a == step]:
+            index[llm.add_request(prompts[i], params)] = i
+        seen = len(llm.trace)
+        llm.step()
+        for t in llm.trace[seen:]:
+            for uid in t.uids if t.phase == "prefill" else ():
+                first.setdefault(uid, step)
+        step += 1
+    for uid in index:
+        llm.take_output(uid)
+    return [first[uid] - arrivals[i] for uid, i in sorted(index.items(), key=lambda kv: kv[1])]
+
+
+def waits_figure(waits: Dict[str, Sequence[int]], loner: int, line: int):
+    """Each request's wait (steps from arrival to prefill) under each policy, the loner marked and
+    a dashed line drawn at `line` steps."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    markers = ["o", "s", "^", "D"]
+    for k, (name, w) in enumerate(waits.items()):
+        ax.plot(range(len(w)), w, marker=markers[k % 4], linestyle="-", linewidth=0.8, markersize=4, label=name)
+    ax.axvline(loner, color="#999999", linestyle=":", linewidth=1)
+    ax.annotate("the request with no hit", (loner, 0), xytext=(4, 6), textcoords="offset points", fontsize=8, rotation=90)
+    ax.axhline(line, color="#bbbbbb", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("request (uid, arrival order)")
+    ax.set_ylabel("steps waited before prefill")
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig

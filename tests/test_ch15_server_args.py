@@ -43,7 +43,7 @@ NON_DEFAULT = {
     "model_path": str(TINY_LLAMA), "device": "cpu", "dtype": "bfloat16", "page_size": 4, "max_running_reqs": 3,
     "max_seq_len": 100, "num_pages": 50, "memory_fraction": 0.5, "cpu_kv_budget_gb": 0.25, "attention_backend": "torch",
     "use_cuda_graph": False, "cuda_graph_max_bs": 8, "dummy_weights": True, "seed": 7, "tp_size": 2,
-    "prefix_cache": "naive", "max_extend_tokens": 64, "schedule_policy": "fcfs", "overlap": False, "check_integrity": True,
+    "prefix_cache": "naive", "max_extend_tokens": 64, "schedule_policy": "fcfs", "lpm_max_wait": 3, "overlap": False, "check_integrity": True,
     "served_model_name": "m", "tokenizer": str(TINY_LLAMA), "host": "0.0.0.0", "port": 3000, "shell": True,
     "shell_max_tokens": 5, "log_level": "info", "max_request_bytes": 4096, "drain_timeout_s": 2.5,
     "grammar_timeout_s": 3.0, "max_schema_bytes": 4096, "grammar_cache_mb": 64,
@@ -111,7 +111,7 @@ def test_types_choices_and_bool_flags_follow_the_fields():
     assert actions["page_size"].type is int and actions["memory_fraction"].type is float and actions["device"].type is str
     assert actions["max_seq_len"].type is int  # Optional[int]
     assert list(actions["dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
-    assert list(actions["prefix_cache"].choices) == ["naive", "radix"] and list(actions["schedule_policy"].choices) == ["fcfs", "lpm"]
+    assert list(actions["prefix_cache"].choices) == ["naive", "radix"] and list(actions["schedule_policy"].choices) == ["fcfs", "lpm", "lpm-aged"]
     assert actions["dummy_weights"].option_strings == ["--dummy-weights"]  # default False: switched on
     assert actions["shell"].option_strings == ["--shell"]
     # defaults computed from the environment take either spelling, so a flag can override either way

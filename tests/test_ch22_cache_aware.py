@@ -1,13 +1,17 @@
-"""Chapter 22, cache-aware scheduling (`schedule_policy="lpm"`).
+"""Chapter 22, cache-aware scheduling (`schedule_policy="lpm"`) and its bounded wait (`"lpm-aged"`).
 
 Claims: the order `longest_prefix_first` gives equals a naive reference (the longest cached prefix
 of each prompt, measured against every stored sequence, cut to whole pages and to `len - 1`;
 stable, so equal hits keep arrival order); it locks nothing and leaves the queue alone; the
 manager admits in that order, stops at the first refusal, and keeps the rest in arrival order;
-the default (`fcfs`) is unchanged; greedy tokens are transformers' under both policies; under
-cache pressure on shared-prefix traffic `lpm` computes fewer prompt tokens than `fcfs`; bad
-settings are refused with a clear error, in the config and on the server's command line; the
-exercise's model-free replay of prefill and decode schedules exactly as the Scheduler does.
+the default (`fcfs`) is unchanged; greedy tokens are transformers' under every policy; under
+cache pressure on shared-prefix traffic `lpm` computes fewer prompt tokens than `fcfs`.
+`lpm-aged`'s order, step after step, equals a naive reference (the overdue in arrival order, then
+the naive lpm order); on a stream of cache hits with one request without a hit, the engine under
+`lpm` lets that request be overtaken by more than N prefill batches, and under `lpm-aged` with
+`lpm_max_wait=N` no request by more than N; a bound never reached schedules exactly as `lpm`, and
+a bound of 0 exactly as `fcfs`. Bad settings are refused with a clear error, in the config and on
+the server's command line; the exercise's model-free replay schedules exactly as the Scheduler.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from minisgl.engine import EngineConfig
 from minisgl.kvcache import create_prefix_cache
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.prefill import PendingReq, PrefillManager, longest_prefix_first
+from minisgl.scheduler.aging import LPM_MAX_WAIT, AgedLongestPrefix
+from minisgl.scheduler.prefill import LongestPrefixMatch, PendingReq, PrefillManager, longest_prefix_first
 from minisgl.scheduler.table import TableManager
 
 
@@ -170,14 +175,15 @@ def test_greedy_tokens_are_transformers_under_both_policies(overlap, hf_refs):
 
     prompts = _shared_prefix_workload(groups=3, per_group=3, prefix_len=12, tail=3)
     outs = {}
-    for policy in ("fcfs", "lpm"):
+    for policy in ("fcfs", "lpm", "lpm-aged"):
         cfg = _config(TINY_QWEN3, policy, max_running_reqs=2, page_size=2)
-        cfg = SchedulerConfig(engine=cfg.engine, schedule_policy=policy, overlap=overlap, check_integrity=True)
+        cfg = SchedulerConfig(engine=cfg.engine, schedule_policy=policy, lpm_max_wait=1 if policy == "lpm-aged" else None,
+                              overlap=overlap, check_integrity=True)
         llm = LLM(config=cfg)
         llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # leaves one group's prefix cached
         outs[policy] = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=5))]
         llm.assert_all_free()
-    assert outs["lpm"] == outs["fcfs"] == [hf_refs.get(TINY_QWEN3, p, 5) for p in prompts]
+    assert outs["lpm-aged"] == outs["lpm"] == outs["fcfs"] == [hf_refs.get(TINY_QWEN3, p, 5) for p in prompts]
 
 
 def _computed_prompt_tokens(policy: str, prompts, num_pages: int) -> int:
@@ -204,10 +210,15 @@ def test_lpm_computes_fewer_prompt_tokens_under_cache_pressure():
 
 
 def test_bad_policy_settings_are_refused_with_a_clear_error():
-    with pytest.raises(ValueError, match="fcfs, lpm"):
-        SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA)), schedule_policy="sjf")
-    with pytest.raises(ValueError, match="a prefix cache that keeps prefixes"):
-        SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA)), prefix_cache="naive", schedule_policy="lpm")
+    engine = EngineConfig(model_path=str(TINY_LLAMA))
+    with pytest.raises(ValueError, match="fcfs, lpm, lpm-aged"):
+        SchedulerConfig(engine=engine, schedule_policy="sjf")
+    for policy in ("lpm", "lpm-aged"):
+        with pytest.raises(ValueError, match=f"'{policy}' .*a prefix cache that keeps prefixes"):
+            SchedulerConfig(engine=engine, prefix_cache="naive", schedule_policy=policy)
+    for bad in (-1, 2.5, "3", True):
+        with pytest.raises(ValueError, match="lpm_max_wait must be a whole number of admission steps, 0 or more"):
+            SchedulerConfig(engine=engine, schedule_policy="lpm-aged", lpm_max_wait=bad)
     table, cache = _managers()
     with pytest.raises(ValueError, match="schedule_policy"):
         PrefillManager(table, cache, 8192, schedule_policy="LPM")
@@ -221,9 +232,23 @@ def test_server_flag_reaches_the_scheduler_config(capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm", "--prefix-cache", "naive"])
     assert e.value.code == 2 and "a prefix cache that keeps prefixes" in capsys.readouterr().err
+    args = parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm-aged", "--lpm-max-wait", "3"]).scheduler
+    assert (args.schedule_policy, args.lpm_max_wait, args.new_schedule_policy().max_wait) == ("lpm-aged", 3, 3)
+    assert parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm-aged"]).scheduler.new_schedule_policy().max_wait == LPM_MAX_WAIT
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", str(TINY_LLAMA), "--schedule-policy", "lpm-aged", "--lpm-max-wait", "-2"])
+    assert e.value.code == 2 and "lpm_max_wait must be" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_llm_keyword_reaches_the_policy_and_each_manager_owns_its_own():
+    from minisgl.llm import LLM
+
+    llm = LLM(TINY_LLAMA, schedule_policy="lpm-aged", lpm_max_wait=5, overlap=False, **small_engine_kwargs())
+    assert isinstance(llm.prefill.policy, AgedLongestPrefix) and llm.prefill.policy.max_wait == 5
+    assert llm.config.new_schedule_policy() is not llm.config.new_schedule_policy()  # state is never shared
+
+
+@pytest.mark.parametrize("policy", ["lpm", "lpm-aged"])
 def test_the_exercise_model_free_schedule_is_the_schedulers(policy):
     # The cache-aware exercise replays prefill and decode without a model and grades schedules
     # against that replay, so the replay must be the Scheduler's own. This workload (the exercise's
@@ -237,11 +262,13 @@ def test_the_exercise_model_free_schedule_is_the_schedulers(policy):
     head = [78, 98, 28, 19, 36, 98, 33, 45, 80, 39, 28, 58]
     prompts, max_tokens = [head + [40, 13], head + [92, 46], head + [18, 98]], [3, 1, 3]
     obs = api.Obs()
-    cases._run(obs, policy, prompts, max_tokens, rows=2, num_pages=12, page_size=4, budget=20)
+    make = {"lpm": LongestPrefixMatch, "lpm-aged": lambda: AgedLongestPrefix(1)}[policy]
+    cases._run(obs, make(), prompts, max_tokens, rows=2, num_pages=12, page_size=4, budget=20, tag=f"{policy}, ")
     steps = [(re.match(r".*, step \d+: (prefill|decode) ", o["label"]), o["value"]) for o in obs.items]
     replayed = [(m.group(1), value if m.group(1) == "prefill" else sorted(value)) for m, value in steps if m]
 
-    cfg = replace(harness.scheduler_config(page_size=4, num_pages=12, max_running_reqs=2, max_extend_tokens=20), schedule_policy=policy)
+    cfg = replace(harness.scheduler_config(page_size=4, num_pages=12, max_running_reqs=2, max_extend_tokens=20), schedule_policy=policy,
+                  lpm_max_wait=1 if policy == "lpm-aged" else None)
     sched = cases.make_scheduler(cfg)  # the complete scheduler: chunked prefill's decode turn is part of the replay
     uids = [sched.add_request(p, SamplingParams(max_tokens=m, ignore_eos=True)) for p, m in zip(prompts, max_tokens)]
     harness.run_until_idle(sched, 100)
@@ -252,3 +279,107 @@ def test_the_exercise_model_free_schedule_is_the_schedulers(policy):
     assert replayed == engine
     assert [len(sched.outputs[u].tokens) for u in uids] == max_tokens
     assert [o["value"] for o in obs.items if "everyone ran" in o["label"]] == [[0, 0]]  # nobody waiting or running
+
+
+# ---- lpm-aged: lpm with a bounded wait ------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_aged_order_equals_a_naive_reference_step_after_step(seed):
+    rng = random.Random(seed)
+    ps = rng.choice([1, 2, 4])
+    _, cache = _managers(num_pages=512, page_size=ps)
+    stored = [[rng.randrange(3, 9) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(0, 5))]
+    for s in stored:
+        _store(cache, s)
+    max_wait = rng.randint(0, 4)
+    policy, queue, passed_over, uid = AgedLongestPrefix(max_wait), [], {}, 0
+    for _ in range(12):
+        for _ in range(rng.randint(0, 3)):
+            head = list(rng.choice(stored))[: rng.randint(0, 24)] if stored and rng.random() < 0.7 else []
+            queue.append(_pending(uid, head + [rng.randrange(3, 9) for _ in range(rng.randint(1, 8))]))
+            uid += 1
+        if queue and rng.random() < 0.2:
+            queue.pop(rng.randrange(len(queue)))  # a request that leaves from the middle of the queue
+        # the reference: who has waited max_wait steps, in arrival order, then the rest by naive hits
+        overdue = [p.uid for p in queue if passed_over.get(p.uid, 0) >= max_wait]
+        rest = [p for p in queue if p.uid not in overdue]
+        hits = {p.uid: _reference_hit(stored, p.input_ids.tolist(), ps) for p in rest}
+        want = overdue + sorted(hits, key=lambda u: -hits[u])
+        got = [p.uid for p in policy.order(queue, cache)]
+        assert got == want, (max_wait, passed_over)
+        assert cache.prefix_cache.protected_size == 0  # nothing locked
+        passed_over = {p.uid: passed_over.get(p.uid, 0) + 1 for p in queue}
+        assert policy.waited == passed_over  # only the requests still waiting are remembered
+        taken = set(got[: rng.randint(0, 2)])
+        queue = [p for p in queue if p.uid not in taken]
+
+
+def _hit_stream(hits: int = 24, loner: int = 10):
+    """A stream of requests sharing a system prompt (six at once, then two every four steps) and
+    one request sharing nothing, arriving with its neighbours at position `loner`."""
+    rng = random.Random(3)
+    prefix = [rng.randrange(10, 200) for _ in range(32)]
+    prompts = [prefix + [rng.randrange(10, 200) for _ in range(4)] for _ in range(hits)]
+    prompts.insert(loner, [rng.randrange(200, 400) for _ in range(36)])
+    arrivals = [0 if i < 6 else 4 * ((i - 6) // 2 + 1) for i in range(len(prompts))]
+    return prompts, arrivals
+
+
+def _serve(policy: str, prompts, arrivals, max_wait=None, overlap: bool = False, **engine):
+    """Serve the requests as they arrive, one engine step at a time. Returns, per request (in
+    arrival order), the prefill batches that admitted a request arriving after it while it waited,
+    and the prompt tokens computed."""
+    from minisgl.llm import LLM
+
+    engine = {**dict(max_running_reqs=2, num_pages=256), **engine}
+    cfg = SchedulerConfig(engine=EngineConfig(model_path=str(TINY_LLAMA), **small_engine_kwargs(**engine)),
+                          schedule_policy=policy, lpm_max_wait=max_wait, overlap=overlap, check_integrity=True)
+    llm = LLM(config=cfg)
+    index, step = {}, 0
+    while len(index) < len(prompts) or not llm.is_idle:
+        assert step < 500
+        for i in [i for i, a in enumerate(arrivals) if a == step]:
+            index[llm.add_request(prompts[i], SamplingParams(max_tokens=4, ignore_eos=True))] = i
+        llm.step()
+        step += 1
+    llm.assert_all_free()
+    prefills = [[index[u] for u in t.uids] for t in llm.trace if t.phase == "prefill"]
+    admitted_in = {i: next(k for k, batch in enumerate(prefills) if i in batch) for i in range(len(prompts))}
+    overtaken = [sum(1 for batch in prefills[: admitted_in[i]] if max(batch) > i) for i in range(len(prompts))]
+    computed = sum(sum(t.extend_lens) for t in llm.trace if t.phase == "prefill")
+    return overtaken, computed
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_on_a_stream_of_hits_lpm_starves_a_request_and_the_bound_holds(overlap):
+    prompts, arrivals = _hit_stream()
+    bound = 3
+    lpm, lpm_computed = _serve("lpm", prompts, arrivals, overlap=overlap)
+    aged, aged_computed = _serve("lpm-aged", prompts, arrivals, max_wait=bound, overlap=overlap)
+    assert max(lpm) > bound and lpm.index(max(lpm)) == 10, lpm  # the request with no hit, overtaken for long
+    # passed over `bound` steps, a request goes before every later arrival (earlier ones may still go first)
+    assert max(aged) <= bound, aged
+    assert aged_computed == lpm_computed  # the bound costs no hit here: the loner computes its prompt either way
+
+
+def _schedule(trace):
+    return [(t.phase, t.uids, t.cached_lens, t.extend_lens) for t in trace]
+
+
+def test_a_bound_never_reached_is_lpm_and_a_bound_of_zero_is_fcfs():
+    from minisgl.llm import LLM
+
+    prompts = _shared_prefix_workload(groups=6, per_group=4, prefix_len=48, tail=4)
+
+    def trace(policy: str, max_wait=None):
+        cfg = _config(TINY_LLAMA, policy, max_running_reqs=4, num_pages=260)
+        llm = LLM(config=replace(cfg, lpm_max_wait=max_wait))
+        llm.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+        llm.assert_all_free()
+        return _schedule(llm.trace)
+
+    lpm, fcfs = trace("lpm"), trace("fcfs")
+    assert lpm != fcfs  # under this pressure the two orders differ
+    assert trace("lpm-aged", 1000) == lpm
+    assert trace("lpm-aged", 0) == fcfs
+    assert trace("lpm-aged") == lpm  # the default bound keeps lpm's schedule on this traffic

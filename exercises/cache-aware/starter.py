@@ -1,39 +1,29 @@
-"""Exercise cache-aware (chapter 22, the capstone): longest-prefix-match scheduling.
+"""Exercise cache-aware (chapter 22, the capstone): longest prefix match with a bounded wait.
 
-Write three pieces: the policy `longest_prefix_first`, and in `PrefillManager` the method that
-picks the order (`admission_order`) and the admission loop that walks it (`admit_in_order`).
-`PrefillAdder` (try_admit), the prefill schedules that call your two methods (chapter 7's and
-chapter 10's), the cache manager and the radix cache are the engine's.
+Write `AgedLongestPrefix.order`, the order in which the policy `schedule_policy="lpm-aged"` offers
+the waiting requests to admission each step. The policy's state (`self.max_wait`, `self.waited`),
+lpm's order (`self.lpm.order`), admission and the radix cache are the engine's.
 Grade with `python judge.py cache-aware`.
 """
 
-from collections import deque  # noqa: F401  (you will likely want it)
 from typing import List, Sequence
 
-from minisgl.core import Req
+from minisgl.scheduler.aging import AgedLongestPrefix as EngineAgedLongestPrefix
 from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.prefill import PendingReq, PrefillAdder
-from minisgl.scheduler.prefill import PrefillManager as EnginePrefillManager
+from minisgl.scheduler.prefill import PendingReq
 
 
-def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
-    """A new list of the waiting requests, longest cached prefix first, as `cache.match` measures
-    it (the prefix admission would reuse); equal prefixes keep their order in `waiting`.
+class AgedLongestPrefix(EngineAgedLongestPrefix):
+    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+        """A new list of the requests of `waiting` (given in arrival order): first the overdue
+        ones, those passed over `self.max_wait` admission steps or more, in arrival order; then
+        the others in lpm's order (`self.lpm.order(others, cache)`, called once, on them only).
 
-    Must not lock anything, and must not change `waiting` or any request in it.
-    """
-    raise NotImplementedError("cache-aware: write longest_prefix_first")
+        `self.waited` maps a uid to the admission steps that request has been passed over; a uid
+        it does not hold has been passed over none. Each call is one admission step: afterwards
+        `self.waited` holds exactly the uids of `waiting`, each counted one step more (a request
+        admitted this step is never offered again, so its count goes when the next call drops it).
 
-
-class PrefillManager(EnginePrefillManager):
-    def admission_order(self) -> List[PendingReq]:
-        """The waiting requests in the order this step offers them: none when no table row is
-        free, `self.pending` as it is for "fcfs", `longest_prefix_first` for "lpm"
-        (`self.schedule_policy`)."""
-        raise NotImplementedError("cache-aware: write PrefillManager.admission_order")
-
-    def admit_in_order(self, adder: PrefillAdder, order: Sequence[PendingReq], reqs: List[Req]) -> List[Req]:
-        """Offer the requests of `order` to `adder.try_admit`, appending each admitted one to
-        `reqs`, until the first refusal; return `reqs`. Admitted requests leave `self.pending`;
-        the others stay in arrival order."""
-        raise NotImplementedError("cache-aware: write PrefillManager.admit_in_order")
+        Must not lock anything, and must not change `waiting` or any request in it.
+        """
+        raise NotImplementedError("cache-aware: write AgedLongestPrefix.order")

@@ -153,8 +153,9 @@ def measure(llm: LLM, bs: int, input_len: int, steps: int, overlap: bool, seed: 
 # what this benchmark decides itself: overlap off and on is what it compares, the batch sizes
 # fix the largest batch, the graphs captured and the context length, and every prompt is fresh,
 # so the prefix cache has nothing to find (the naive one spends nothing looking; no cache, no
-# longest-prefix-first order either)
-SET_BY_RUN = ("overlap", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "prefix_cache", "schedule_policy")
+# longest-prefix-first order either, nor a bound on its wait)
+SET_BY_RUN = ("overlap", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "prefix_cache", "schedule_policy",
+              "lpm_max_wait")
 
 
 def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int,

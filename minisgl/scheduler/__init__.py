@@ -1,3 +1,4 @@
+from .aging import AgedLongestPrefix  # registers its policy before SchedulerConfig lists them
 from .config import SchedulerConfig
 from .scheduler import ForwardResult, Scheduler, StepTrace, extends_scheduler, scheduler_bases, scheduler_extensions
 
@@ -10,4 +11,4 @@ from .tp import TensorParallelMixin
 
 __all__ = ["Scheduler", "SchedulerConfig", "ForwardResult", "StepTrace", "extends_scheduler", "scheduler_bases",
            "scheduler_extensions", "ChunkedPrefillMixin", "OverlapMixin", "StructuredOutputMixin", "LogprobMixin",
-           "TensorParallelMixin"]
+           "TensorParallelMixin", "AgedLongestPrefix"]

@@ -104,7 +104,7 @@ class ChunkedPrefillMixin:
 
     def make_prefill_manager(self) -> ChunkedPrefillManager:
         c = self.config
-        return ChunkedPrefillManager(self.table, self.cache, c.max_extend_tokens, c.schedule_policy)
+        return ChunkedPrefillManager(self.table, self.cache, c.max_extend_tokens, c.new_schedule_policy())
 
     def schedule_next_batch(self) -> Optional[Batch]:
         """After a step that left a prompt half done, decode first (a rule of the scheduler's own

@@ -7,7 +7,7 @@ from minisgl.engine.config import EngineConfig
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.env import ENV
 
-from .prefill import SCHEDULE_POLICIES
+from .prefill import SCHEDULE_POLICIES, SchedulePolicy
 
 
 def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
@@ -15,9 +15,9 @@ def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
     if schedule_policy not in SCHEDULE_POLICIES:
         raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
     keeps = getattr(PREFIX_CACHES.get(prefix_cache), "keeps_prefixes", False)
-    if schedule_policy == "lpm" and not keeps:
-        raise ValueError("schedule_policy 'lpm' orders requests by their prefix-cache hits and needs a prefix cache "
-                         f"that keeps prefixes (prefix_cache='radix'); got {prefix_cache!r}")
+    if SCHEDULE_POLICIES[schedule_policy].orders_by_prefix and not keeps:
+        raise ValueError(f"schedule_policy {schedule_policy!r} orders requests by their prefix-cache hits and needs a "
+                         f"prefix cache that keeps prefixes (prefix_cache='radix'); got {prefix_cache!r}")
 
 
 def default_prefix_cache() -> str:
@@ -40,7 +40,11 @@ class SchedulerConfig:
                 "16384 offline; on the CPU 256 for a server, 4096 offline"})
     schedule_policy: str = field(default="fcfs", metadata={
         "choices": tuple(SCHEDULE_POLICIES),
-        "help": "order waiting requests by arrival (fcfs) or longest cached prefix first (lpm, needs the radix cache)"})
+        "help": "the order waiting requests are offered to admission: "
+                + "; ".join(policy.summary for policy in SCHEDULE_POLICIES.values())})
+    lpm_max_wait: Optional[int] = field(default=None, metadata={
+        "help": "admission steps a waiting request may be passed over before it goes first, in arrival order, "
+                "under a policy that bounds waiting (see --schedule-policy); default: the policy's own"})
     # the one place MINISGL_DISABLE_OVERLAP decides anything: every front end builds this class,
     # and one that names `overlap` (a flag, a keyword) overrides the environment
     overlap: bool = field(default_factory=lambda: not ENV.disable_overlap, metadata={
@@ -60,8 +64,16 @@ class SchedulerConfig:
             raise ValueError(f"prefix_cache must be one of {', '.join(sorted(PREFIX_CACHES))}; "
                              f"got {self.prefix_cache!r}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)
+        wait = self.lpm_max_wait
+        if wait is not None and (not isinstance(wait, int) or isinstance(wait, bool) or wait < 0):
+            raise ValueError(f"lpm_max_wait must be a whole number of admission steps, 0 or more (0 offers every "
+                             f"request in arrival order), or None for the policy's default; got {wait!r}")
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
+
+    def new_schedule_policy(self) -> SchedulePolicy:
+        """A fresh object of the configured policy (each prefill manager owns one: it may keep state)."""
+        return SCHEDULE_POLICIES[self.schedule_policy].from_config(self)
 
 
 def default_extend_budget(device_type: str, offline: bool = False) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Deque, Dict, List, Optional, Sequence, Type, Union
 
 import torch
 
@@ -119,13 +119,54 @@ class PrefillAdder:
         return req
 
 
+if TYPE_CHECKING:
+    from .config import SchedulerConfig  # config imports this module
+
+
 # Scheduling policies: the order in which waiting requests are offered to admission (the queue
-# itself stays in arrival order). "fcfs": arrival order. "lpm" (longest prefix match): first those
-# whose prompt the prefix cache holds the most of; they cost the least to prefill, and while they
-# run their prefix stays locked, so the requests sharing it find it still cached instead of evicted
-# by unrelated prompts. A steady stream of hits can keep a request without one waiting; production
-# engines bound that (SGLang falls back to arrival order when the queue is long).
-SCHEDULE_POLICIES = ("fcfs", "lpm")
+# itself stays in arrival order), by name. Each is registered by the module that defines it.
+class SchedulePolicy:
+    """A scheduling policy. A prefill manager owns one and asks it for an order once per admission
+    step (never while no table row is free), so a policy may keep state from one step to the next."""
+
+    summary: ClassVar[str] = ""  # one line for `--schedule-policy`'s help
+    orders_by_prefix: ClassVar[bool] = False  # orders by prefix-cache hits: needs a cache that keeps prefixes
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> SchedulePolicy:
+        """A fresh policy with the settings of `config` it reads (none, unless a policy overrides this)."""
+        return cls()
+
+    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+        """The requests of `waiting` (in arrival order) in the order this step offers them, as a new
+        list. Locks nothing, and changes neither `waiting` nor its requests."""
+        raise NotImplementedError
+
+
+SCHEDULE_POLICIES: Dict[str, Type[SchedulePolicy]] = {}
+
+
+def register_schedule_policy(name: str) -> Callable[[Type[SchedulePolicy]], Type[SchedulePolicy]]:
+    """Class decorator: make a policy available as `schedule_policy=name`."""
+    def register(cls: Type[SchedulePolicy]) -> Type[SchedulePolicy]:
+        SCHEDULE_POLICIES[name] = cls
+        return cls
+    return register
+
+
+def create_schedule_policy(name: str) -> SchedulePolicy:
+    """The policy registered as `name`, with its default settings."""
+    if name not in SCHEDULE_POLICIES:
+        raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {name!r}")
+    return SCHEDULE_POLICIES[name]()
+
+
+@register_schedule_policy("fcfs")
+class FirstComeFirstServed(SchedulePolicy):
+    summary = "fcfs: arrival order"
+
+    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+        return list(waiting)
 
 
 def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
@@ -137,16 +178,31 @@ def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> 
     return [waiting[i] for i in order]
 
 
+@register_schedule_policy("lpm")
+class LongestPrefixMatch(SchedulePolicy):
+    """Longest prefix match: first the requests whose prompt the prefix cache holds the most of.
+    They cost the least to prefill, and while they run their prefix stays locked, so the requests
+    sharing it find it still cached instead of evicted by unrelated prompts. A steady stream of
+    hits can keep a request without one waiting for as long as the stream lasts."""
+
+    summary = "lpm: longest cached prefix first (needs the radix cache)"
+    orders_by_prefix = True
+
+    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+        return longest_prefix_first(waiting, cache) if len(waiting) > 1 else list(waiting)
+
+
 class PrefillManager:
     """The waiting queue, and the prefill batch each step admits from it."""
 
-    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int, schedule_policy: str = "fcfs"):
-        if schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
+    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int,
+                 schedule_policy: Union[str, SchedulePolicy] = "fcfs"):
+        """`schedule_policy`: a policy object (this manager's own: it may keep state), or a
+        registered name, for that policy with its default settings."""
         self.table = table
         self.cache = cache
         self.max_extend_tokens = max_extend_tokens
-        self.schedule_policy = schedule_policy
+        self.policy = create_schedule_policy(schedule_policy) if isinstance(schedule_policy, str) else schedule_policy
         self.pending: Deque[PendingReq] = deque()  # arrival order, whatever the policy
 
     @property
@@ -169,9 +225,7 @@ class PrefillManager:
         table row is free: then nothing can be admitted, and matching prompts would be wasted)."""
         if self.table.available_size == 0:
             return []
-        if self.schedule_policy == "lpm" and len(self.pending) > 1:
-            return longest_prefix_first(self.pending, self.cache)
-        return list(self.pending)
+        return self.policy.order(self.pending, self.cache)
 
     def new_adder(self, reserved_pages: int) -> PrefillAdder:
         return PrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)

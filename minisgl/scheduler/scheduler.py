@@ -86,7 +86,7 @@ class Scheduler:
         self._seed_rng = random.Random(config.engine.seed)
 
     def make_prefill_manager(self) -> PrefillManager:
-        return PrefillManager(self.table, self.cache, self.config.max_extend_tokens, self.config.schedule_policy)
+        return PrefillManager(self.table, self.cache, self.config.max_extend_tokens, self.config.new_schedule_policy())
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
