@@ -435,7 +435,7 @@ ONE_LINERS = {
     19: "fused Triton kernels with PyTorch fallbacks as their specification",
     20: "mixture-of-experts layers: routing, aligned blocks, fused experts",
     21: "throughput and latency benchmarks, and the memory-bandwidth floor",
-    22: "minisgl beside SGLang and vLLM, two gaps measured, and cache-aware scheduling added to the engine",
+    22: "minisgl beside SGLang and vLLM, two gaps measured, and a bound on cache-aware scheduling's starvation added to the engine",
 }
 
 

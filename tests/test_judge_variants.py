@@ -106,8 +106,7 @@ def _shared_symbols():
 def test_an_answer_shows_no_later_exercise_answer(earlier: str, later: str, symbol: Replace) -> None:
     """Where a later chapter's exercise asks for a new version of the same engine symbol, the
     engine's def is the later answer: the earlier exercise's answer must be its own version, or
-    `judge.py answer` would hand out the later exercise (as chunk-size once gave cache-aware's
-    admission order)."""
+    `judge.py answer` would hand out the later exercise."""
     base = variants.base_source(registry.load(earlier))
     engine = variants.engine_source(symbol)
     assert _defs(base, [symbol])[symbol.qualname] != _defs(engine, [Replace(symbol.module, symbol.attr)])[symbol.attr], (
