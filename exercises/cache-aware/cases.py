@@ -142,13 +142,36 @@ def lpm_pressure(obs: Obs) -> None:
     _run(obs, "lpm", prompts, [2] * len(prompts), rows=2, num_pages=40)
 
 
-@case("lpm: a refused request is not overtaken", hint=4)
+@case("lpm: a request that fits is not held behind a refused one", hint=4)
 def lpm_refusal(obs: Obs) -> None:
     shared = list(range(10, 30))
     # while request 0 runs, request 1 (a 20-token hit, first in lpm order) needs more pages than
-    # are left; request 2 would fit, but must wait behind it
+    # are left; request 2 fits, and goes past it
     prompts = [list(range(40, 50)), shared + [1, 2], [8, 9]]
     _run(obs, "lpm", prompts, [6, 26, 2], rows=4, num_pages=60, warm=[shared], arrivals=[0, 1, 1])
+
+
+@case("lpm: passed over MAX_PASSED_OVER times, a refused request lets nothing ahead of it", hint=4)
+def lpm_passed_over(obs: Obs) -> None:
+    shared = list(range(10, 30))
+    # request 1 needs more pages than request 0 leaves it for a long while; a short request
+    # arrives every step, and goes past it until it was passed over often enough
+    short = prefill.MAX_PASSED_OVER + 5
+    prompts = [list(range(40, 50)), shared + [1, 2]] + [[60 + i, 61] for i in range(short)]
+    _run(obs, "lpm", prompts, [20, 26] + [2] * short, rows=4, num_pages=60, warm=[shared],
+         arrivals=[0, 1] + list(range(1, short + 1)))
+
+
+@case("a prompt longer than the budget left is not overtaken: it leads the next step", hint=4)
+def budget_refusal(obs: Obs) -> None:
+    table, cache = harness.managers(rows=4, num_pages=64)
+    pm = prefill.PrefillManager(table, cache, 8)  # chapter 7's: whole prompts only
+    for uid, n in enumerate([3, 4, 5, 1]):
+        pm.add(harness.pending(uid, range(10 * uid + 1, 10 * uid + 1 + n), 2))
+    for step in range(2):
+        batch = pm.schedule_next_batch(0)
+        obs.eq(f"step {step}: admitted uids", [r.uid for r in batch.reqs] if batch is not None else None)
+        obs.eq(f"step {step}: still waiting (uid, passed_over)", [[p.uid, p.passed_over] for p in pm.pending])
 
 
 @case("lpm: a chunked prompt continues first; arrivals mid-run", hint=5)

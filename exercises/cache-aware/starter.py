@@ -12,7 +12,7 @@ from typing import List, Sequence
 
 from minisgl.core import Req
 from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.prefill import PendingReq, PrefillAdder
+from minisgl.scheduler.prefill import MAX_PASSED_OVER, PendingReq, PrefillAdder  # noqa: F401
 from minisgl.scheduler.prefill import PrefillManager as EnginePrefillManager
 
 
@@ -34,6 +34,9 @@ class PrefillManager(EnginePrefillManager):
 
     def admit_in_order(self, adder: PrefillAdder, order: Sequence[PendingReq], reqs: List[Req]) -> List[Req]:
         """Offer the requests of `order` to `adder.try_admit`, appending each admitted one to
-        `reqs`, until the first refusal; return `reqs`. Admitted requests leave `self.pending`;
-        the others stay in arrival order."""
+        `reqs` and passing over the refused ones, until a refused one may be longer than the
+        budget left (`adder.spent > 0`), was passed over `MAX_PASSED_OVER` times already, or no
+        row is left; return `reqs`. A refused request with one admitted behind it was passed over
+        once more (`passed_over`). Admitted requests leave `self.pending`; the others stay in
+        arrival order."""
         raise NotImplementedError("cache-aware: write PrefillManager.admit_in_order")
