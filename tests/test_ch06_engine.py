@@ -240,6 +240,39 @@ def test_draws_are_a_pure_function_of_seed_and_position():
     assert abs(float(many.mean()) - 0.5) < 0.005 and abs(float(many.var()) - 1 / 12) < 0.002
 
 
+# (seed, position) whose hash reaches its top value, 2**24 - 1, at token 3 of a 100-token vocabulary
+# (found by search); float32 rounded that draw to exactly 1.0
+TOP_SEED, TOP_STEP, TOP_TOKEN = 142182, 5, 3
+
+
+def test_the_top_of_the_hash_stays_below_one():
+    u = hashed_uniform(torch.tensor([TOP_SEED]), torch.tensor([TOP_STEP]), 100)
+    assert int(u.argmax()) == TOP_TOKEN and float(u.max()) > 1 - 2**-23, "not the top of the hash: the search is stale"
+    assert float(u.max()) < 1.0  # -log(u) > 0: no race term divides by zero
+
+
+@pytest.mark.parametrize("excluded_by", ["bitmask", "top_k"])
+def test_a_token_with_no_probability_never_wins_the_race(excluded_by):
+    """A token at probability 0 (masked by a grammar, or cut by top-k) with the largest draw of its
+    row: with u = 1.0 its race term was 0 / 0, NaN, and argmax picked it."""
+    from minisgl.engine.processors import LogitsArgs
+    from minisgl.engine.sample import SamplingPlan
+
+    v, allowed = 100, 7
+    logits = torch.randn(1, v, generator=torch.Generator().manual_seed(0))
+    logits[0, allowed] = logits.max() + 1  # the most likely token: the one top-k keeps
+    args = BatchSamplingArgs(torch.tensor([1.0]), torch.tensor([v]), torch.tensor([1.0]), torch.tensor([TOP_SEED]),
+                             torch.tensor([TOP_STEP]), use_top_k=False, use_top_p=False)
+    mask = None
+    if excluded_by == "bitmask":
+        mask = torch.zeros(1, (v + 31) // 32, dtype=torch.int32)
+        mask[0, allowed // 32] = 1 << (allowed % 32)
+    else:
+        args.top_k, args.use_top_k = torch.tensor([1]), True
+    out = Sampler(v).run(logits, SamplingPlan(args, LogitsArgs(bitmask=mask) if mask is not None else None))
+    assert out.tokens.tolist() == [allowed]
+
+
 def test_a_row_samples_the_same_token_whatever_shares_its_batch():
     gen = torch.Generator().manual_seed(2)
     mine, others = torch.randn(1, 5, generator=gen), torch.randn(3, 5, generator=gen)

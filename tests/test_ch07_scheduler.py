@@ -11,7 +11,8 @@ Chapter 7's own `Scheduler`, without the mixins later chapters stack on it: prom
 (the first of a batch whatever its length), each batch is read before the next is picked, and its
 tokens equal transformers'. Its admission (`PrefillAdder.admit`) keeps the contract the chapter
 states: a free row, the budget for the whole prompt, pages to the end on top of the promises;
-a refusal changes nothing. Later ideas stack over `Scheduler` in registration order.
+a refusal changes nothing. The queue passes over a request that does not fit, at most
+`MAX_PASSED_OVER` times. Later ideas stack over `Scheduler` in registration order.
 """
 
 from __future__ import annotations
@@ -406,3 +407,50 @@ def test_the_first_prompt_of_a_batch_joins_whatever_its_length():
     adder = _adder(budget=16, reserved=0)
     assert _offer(adder, 0, 40, 2) is not None and adder.token_budget == -24
     assert _offer(adder, 1, 1, 1) is None  # the budget is spent: nothing else joins this step
+
+
+# ---- admission order: passing over a request that does not fit, a bounded number of times ------
+
+
+def _manager(rows: int):
+    """A chapter-7 `PrefillManager` over 12 pages of 4 tokens (the adder's example pool)."""
+    from minisgl.scheduler.prefill import PrefillManager
+
+    adder = _adder(rows=rows)
+    return PrefillManager(adder.table, adder.cache, max_extend_tokens=16)
+
+
+def _pending(uid: int, max_tokens: int):
+    import torch
+
+    from minisgl.scheduler.prefill import PendingReq
+
+    return PendingReq(uid, torch.arange(1, 5, dtype=torch.int32), SamplingParams(max_tokens=max_tokens), 0)
+
+
+def test_a_request_that_fits_is_not_held_behind_ones_that_do_not():
+    pm = _manager(rows=4)
+    big = [_pending(0, 20), _pending(1, 20)]  # 6 pages each to their end: 4 are free beside 8 promised
+    for p in [*big, _pending(2, 4)]:  # a short request (2 pages) behind them
+        pm.add(p)
+    batch = pm.schedule_next_batch(reserved_pages=8)
+    assert batch is not None and [r.uid for r in batch.reqs] == [2]
+    assert [p.uid for p in pm.pending] == [0, 1] and [p.passed_over for p in big] == [1, 1]
+
+
+def test_a_request_passed_over_enough_times_lets_nothing_ahead_of_it_until_it_fits():
+    from minisgl.scheduler.prefill import MAX_PASSED_OVER
+
+    pm = _manager(rows=MAX_PASSED_OVER + 3)
+    big = _pending(0, 20)
+    pm.add(big)
+    for uid in range(1, MAX_PASSED_OVER + 1):  # a short request arrives each step and goes past it
+        pm.add(_pending(uid, 4))
+        batch = pm.schedule_next_batch(reserved_pages=8)
+        assert batch is not None and [r.uid for r in batch.reqs] == [uid]
+    assert big.passed_over == MAX_PASSED_OVER
+    pm.add(_pending(99, 4))
+    assert pm.schedule_next_batch(reserved_pages=8) is None  # the short one would fit, but waits behind it
+    assert [p.uid for p in pm.pending] == [0, 99]
+    batch = pm.schedule_next_batch(reserved_pages=0)  # running requests finished: it fits, first
+    assert [r.uid for r in batch.reqs] == [0, 99]

@@ -21,8 +21,12 @@ from typing import Any, List
 
 import httpx
 import pytest
+import torch
 
+from minisgl.engine.sample import hashed_uniform
+from minisgl.models.config import ModelConfig
 from minisgl.server.errors import MAX_DEPTH, json_depth
+from minisgl.utils.tokenizer import load_tokenizer
 from server_utils import assert_all_free, post, server_fixture
 
 TINY = "models/tiny-llama"
@@ -319,15 +323,13 @@ async def _cached_during_compiles(url: str) -> tuple:
         compiling = [asyncio.ensure_future(_timed_post(client, url, chat_body(response_format=schema_format(s))))
                      for s in slow_ones]
         await asyncio.sleep(0.5)  # every lane is compiling, and one schema is queued
-        # one token, one after the other: a JSON request that decodes beside others can trip the
-        # scheduler's grammar check under overlap (a separate bug), which is not what this measures
-        cached = await _timed_post(client, url, chat_body(max_tokens=1, response_format={"type": "json_object"}))
+        cached = await _timed_post(client, url, chat_body(response_format={"type": "json_object"}))
         plain = await _timed_post(client, url, chat_body())
         return cached, plain, await asyncio.gather(*compiling)
 
 
 def test_a_cached_grammar_never_waits_for_the_schemas_compiling(server):
-    warm = post(server, chat_body(max_tokens=1, response_format={"type": "json_object"}), CHAT)
+    warm = post(server, chat_body(response_format={"type": "json_object"}), CHAT)
     assert warm.status_code == 200, warm.text
     (cached_s, cached), (plain_s, plain), slow = asyncio.run(_cached_during_compiles(server.url))
     assert cached.status_code == 200 and plain.status_code == 200, (cached.text, plain.text)
@@ -336,6 +338,27 @@ def test_a_cached_grammar_never_waits_for_the_schemas_compiling(server):
         message = assert_openai_error(r, 400)
         assert "--grammar-timeout" in message, message
         assert took < 1.5 * GRAMMAR_TIMEOUT_S + plain_s, f"a schema was answered after {took:.1f} s"
+    assert_all_free(server)
+
+
+# ---- a draw at the top of the hash -----------------------------------------------------------------
+
+
+# a seed whose random draws for the first token of `chat_body()` (position 31) reach the hash's top
+# value, which float32 rounded to 1.0, at a token that cannot start a JSON object (found by search)
+TOP_SEED = 1258
+
+
+def test_a_json_chat_whose_draw_tops_the_hash_at_a_masked_token_stays_json(server):
+    # the random draw of one masked token was exactly 1.0: its race term, 0 / -log(1), was NaN and
+    # won, the grammar's next bitmask refused that token, and the scheduler ended
+    step = post(server, chat_body(max_tokens=1), CHAT).json()["usage"]["prompt_tokens"]  # the first token's position
+    u = hashed_uniform(torch.tensor([TOP_SEED]), torch.tensor([step]), ModelConfig.from_dir(TINY).vocab_size)[0]
+    tops = [load_tokenizer(TINY).decode([t]) for t in (u >= 1 - 2**-24).nonzero().flatten().tolist()]
+    assert any(t.strip() and not t.strip().startswith("{") for t in tops), f"TOP_SEED is stale: search again ({step}, {tops})"
+    r = post(server, chat_body(seed=TOP_SEED, temperature=1.0, response_format={"type": "json_object"}), CHAT)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].lstrip().startswith("{"), r.text
     assert_all_free(server)
 
 

@@ -3,7 +3,8 @@
 Claims: the order `longest_prefix_first` gives equals a naive reference (the longest cached prefix
 of each prompt, measured against every stored sequence, cut to whole pages and to `len - 1`;
 stable, so equal hits keep arrival order); it locks nothing and leaves the queue alone; the
-manager admits in that order, stops at the first refusal, and keeps the rest in arrival order;
+manager admits in that order, passes over a refusal (a bounded number of times), and keeps the
+rest in arrival order;
 the default (`fcfs`) is unchanged; greedy tokens are transformers' under every policy; under
 cache pressure on shared-prefix traffic `lpm` computes fewer prompt tokens than `fcfs`.
 `lpm-aged`'s order, step after step, equals a naive reference (the overdue in arrival order, then
@@ -116,15 +117,17 @@ def test_manager_admits_in_policy_order_and_keeps_the_rest_in_arrival_order():
     cache.check_integrity(batch.reqs)
 
 
-def test_lpm_stops_at_the_first_refusal_in_its_order():
+def test_lpm_passes_over_a_refusal_in_its_order():
     table, cache = _managers(rows=4, num_pages=40)
     shared = list(range(10, 30))
     _store(cache, shared)
     pm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
     pm.add(_pending(0, [5, 6, 7], max_tokens=2))  # small, but behind the hit in lpm order
     pm.add(_pending(1, shared + [1, 2], max_tokens=30))  # hit 20, needs 31 more pages: 20 free -> refused
-    assert pm.schedule_next_batch(0) is None  # nobody overtakes the refused request
-    assert [p.uid for p in pm.pending] == [0, 1] and cache.prefix_cache.protected_size == 0
+    batch = pm.schedule_next_batch(0)
+    assert [r.uid for r in batch.reqs] == [0]  # the small one fits: it goes past the refused hit
+    assert [(p.uid, p.passed_over) for p in pm.pending] == [(1, 1)]
+    assert cache.prefix_cache.protected_size == 0  # the refused hit's match was unlocked
 
 
 def test_lpm_matches_no_prompt_while_no_row_is_free():

@@ -16,8 +16,8 @@ def _managers(rows: int, num_pages: int, page_size: int = 1):
 
 
 def _admit_queue(obs: Obs, table, cache, budget: int, reserved: int, queue: List, stop_at_refusal: bool = True) -> None:
-    """Offer the queue in order to one adder, recording every decision; as `PrefillManager` does,
-    stop at the first refusal unless `stop_at_refusal` is False."""
+    """Offer the queue in order to one adder, recording every decision; stop at the first refusal
+    unless `stop_at_refusal` is False (then the decisions after a refusal are graded too)."""
     adder = PrefillAdder(budget, reserved, table, cache)
     for p in queue:
         before = snapshot(p.input_ids)

@@ -94,7 +94,9 @@ def hashed_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) ->
     base_hi = _mix32((_mix32(hi) ^ (steps * 0x27D4EB2F & _MASK32)) & _MASK32)
     x_hi = _mix32((base_hi[:, None] + idx[None, :] * 0xC2B2AE3D) & _MASK32)
     x = x ^ torch.where(hi[:, None] != 0, x_hi, 0)
-    return ((x >> 8).float() + 0.5) / float(1 << 24)
+    # float32 rounds the top value, (2**24 - 0.5) / 2**24, up to 1.0, whose -log is 0: the race
+    # would divide by zero, and 0 / 0 (a token masked to probability 0) would win the argmax
+    return (((x >> 8).float() + 0.5) / float(1 << 24)).clamp_max(1.0 - 2.0**-24)
 
 
 @dataclass

@@ -9,9 +9,9 @@ One prompt at a time is half done. Beside it, waiting requests join only whole, 
 leaves them room (`newcomer_share`): up to half the budget, for the leading waiting prompts that
 fit in it together. So the prompt at the head of the queue, if at most half the budget, joins the
 next prefill step (a row and pages free); one behind a waiting prompt longer than half waits with
-it until the chunk is finished, since no request overtakes one ahead of it. A prefill step that
-leaves a prompt half done is followed by a decode step, so every running request still gets a
-token at least every other step.
+it until the chunk is finished, since beside a chunk no prompt overtakes a longer one ahead of it
+(`_whole_prompts`). A prefill step that leaves a prompt half done is followed by a decode step, so
+every running request still gets a token at least every other step.
 """
 
 from __future__ import annotations

@@ -1,12 +1,17 @@
 """Admission: which waiting requests join the next prefill batch.
 
-Requests are offered in arrival order (or longest cached prefix first: see SCHEDULE_POLICIES),
-up to the first that does not fit (skipping it would starve long prompts) or that would compute
-again a prefix another prompt of the batch is computing (`SHARED_PREFIX_WAIT`). A request is admitted
-only if a table row is free and the KV pool can hold it to the end (`pages_to_finish`) on top of
-what running requests are already promised, so a running request never runs out of pages. The
-token budget caps one step's prefill: prompts join whole while the budget lasts, and the first
-prompt of a batch joins whatever its length.
+Requests are offered in arrival order (or longest cached prefix first: see SCHEDULE_POLICIES).
+A request is admitted only if a table row is free and the KV pool can hold it to the end
+(`pages_to_finish`) on top of what running requests are already promised, so a running request
+never runs out of pages. The token budget caps one step's prefill: prompts join whole while the
+budget lasts, and the first prompt of a batch joins whatever its length. A prompt that would
+compute again a prefix another prompt of the batch is computing waits a step (`SHARED_PREFIX_WAIT`).
+
+A refused request is passed over: those behind it that fit are admitted, so a short chat is not
+held behind a request that needs more pages than are free. Two stop the walk instead. A prompt
+that may be longer than the budget left leads the next step, where it joins as the first prompt,
+so nobody overtakes it for the budget. And a request passed over `MAX_PASSED_OVER` times lets
+nothing ahead of it until it fits: a large request waits for running ones to finish, not for ever.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ class PendingReq:
     input_ids: torch.Tensor  # [prompt_len] int32, CPU
     sampling_params: SamplingParams
     seed: int
+    passed_over: int = 0  # prefill steps that admitted a request behind it while it was refused
+
+
+# Each pass admits requests ahead of a refused one, and their pages stay promised until they
+# finish; 8 lets a burst of short requests by while adding at most 8 batches to a large one's wait.
+MAX_PASSED_OVER = 8
 
 
 # A waiting prompt that shares at least this many tokens, past what the cache holds of it, with a
@@ -231,15 +242,25 @@ class PrefillManager:
         return PrefillAdder(self.max_extend_tokens, reserved_pages, self.table, self.cache)
 
     def admit_in_order(self, adder: PrefillAdder, order: Sequence[PendingReq], reqs: List[Req]) -> List[Req]:
-        """Admit from `order` into `reqs` until one does not fit; the admitted leave the queue
-        (the rest keep their arrival order)."""
-        admitted = set()
+        """Admit from `order` into `reqs`, passing over the requests that are refused, except one
+        whose prompt may be longer than the budget left (it leads the next step instead) or one
+        passed over `MAX_PASSED_OVER` times already: there the walk stops, as it does once no row
+        is left. A refused request with one admitted behind it was passed over once more; the
+        admitted leave the queue (the rest keep their arrival order)."""
+        admitted, refused, passed = set(), [], 0  # passed: how many of `refused` have one admitted behind them
         for pending in order:
             req = adder.try_admit(pending)
-            if req is None:
+            if req is not None:
+                admitted.add(pending.uid)
+                reqs.append(req)
+                passed = len(refused)
+                continue
+            over_budget = adder.spent > 0 and len(pending.input_ids) > adder.token_budget
+            if over_budget or pending.passed_over >= MAX_PASSED_OVER or not self.table.available_size:
                 break
-            admitted.add(pending.uid)
-            reqs.append(req)
+            refused.append(pending)
+        for pending in refused[:passed]:
+            pending.passed_over += 1
         if admitted:
             self.pending = deque(p for p in self.pending if p.uid not in admitted)
         return reqs
