@@ -14,9 +14,10 @@ Caches are the pool's `[slots, kv_heads, head_dim]`; `table` is one page-table r
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 import triton
@@ -24,6 +25,9 @@ import triton.language as tl
 
 from minisgl.attention.torch_backend import TorchAttnBackend, TorchAttnMetadata
 from minisgl.kvcache.mha_pool import MHAKVCache
+
+# on a GPU the kernels compile for CUDA tensors; without one they need Triton's interpreter (TRITON_INTERPRET=1)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # ---- step 1: one block of keys ----------------------------------------------------------------------
@@ -102,13 +106,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, part_ptr, ml_ptr, n, k_stride,
 @triton.jit
 def _merge_kernel(part_ptr, ml_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr):
     hq = tl.program_id(0)
-    sp = tl.arange(0, SPLITS)
+    at = hq * SPLITS + tl.arange(0, SPLITS)  # this head's partials, every split at once
     d = tl.arange(0, D)
-    ms = tl.load(ml_ptr + (hq * SPLITS + sp) * 2)  # [SPLITS]
-    ls = tl.load(ml_ptr + (hq * SPLITS + sp) * 2 + 1)
-    parts = tl.load(part_ptr + (hq * SPLITS + sp[:, None]) * D + d[None, :])  # [SPLITS, D]
-    w = tl.exp(ms - tl.max(ms, axis=0))  # each split's sums brought to the largest max; exp(-inf) = 0
-    tl.store(out_ptr + hq * D + d, tl.sum(w[:, None] * parts, axis=0) / tl.sum(w * ls, axis=0))
+    m, l = tl.load(ml_ptr + at * 2), tl.load(ml_ptr + at * 2 + 1)  # [SPLITS]
+    acc = tl.load(part_ptr + at[:, None] * D + d[None, :])  # [SPLITS, D]
+    scale = tl.exp(m - tl.max(m, axis=0))  # each split's sums brought to the largest max; exp(-inf) = 0
+    tl.store(out_ptr + hq * D + d, tl.sum(scale[:, None] * acc, axis=0) / tl.sum(scale * l, axis=0))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -134,7 +137,7 @@ class Request:
 
 
 def random_request(n: int, page_size: int = 4, q_heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
-                   seed: int = 0, device: str = "cpu") -> Request:
+                   seed: int = 0, device: str = DEVICE) -> Request:
     """A request of `n` keys on randomly chosen pages of a pool with random contents (float32)."""
     g = torch.Generator().manual_seed(seed)
     pages = _cdiv(n, page_size)
@@ -200,3 +203,46 @@ def split_bounds(n: int, block: int, splits: int) -> list:
     """The keys `(start, end)` of each split, as `_split_kernel` (and the engine's kernel) cut them."""
     chunk = _cdiv(_cdiv(n, splits), block) * block
     return [(min(s * chunk, n), min((s + 1) * chunk, n)) for s in range(splits)]
+
+
+def listing(name: str) -> str:
+    """The source of one of this module's kernels, to read in the chapter."""
+    fn = globals()[name]
+    return inspect.getsource(getattr(fn, "fn", fn)).rstrip()
+
+
+def splits_figure(n: int, block: int, splits: int, m: List[float], lse: List[float]):
+    """Keys cut into splits (each a program), each split's partial (m, log-sum-exp), and the merge."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"]
+    bounds = split_bounds(n, block, splits)
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    ax.set_xlim(-1, n + 1), ax.set_ylim(-0.2, 4.2), ax.axis("off")
+    for s, (a, b) in enumerate(bounds):
+        for t in range(a, b):
+            ax.add_patch(Rectangle((t, 3.2), 1, 0.6, facecolor=colors[s % len(colors)], edgecolor="white", lw=0.5))
+    for t0 in range(0, n, block):
+        ax.plot([t0, t0], [3.1, 3.9], color="#333", lw=1)
+    ax.text(n / 2, 4.0, f"{n} keys of one request, read through the page table in blocks of {block} (black lines)",
+            ha="center", fontsize=9)
+    width = (n + 2) / splits
+    for s, (a, b) in enumerate(bounds):
+        x = -1 + s * width + 0.1
+        empty = a == b
+        ax.add_patch(Rectangle((x, 1.5), width - 0.2, 1.0, facecolor="#eeeeee" if empty else colors[s % len(colors)],
+                               alpha=0.35, edgecolor="#333", lw=0.8))
+        keys = "no keys" if empty else f"keys {a}-{b - 1}"
+        ax.text(x + (width - 0.2) / 2, 2.0, f"program {s}\n{keys}\nm={m[s]:.2f}\nlse={lse[s]:.2f}", ha="center",
+                va="center", fontsize=7)
+        if not empty:
+            ax.add_patch(FancyArrowPatch(((a + b) / 2, 3.15), (x + (width - 0.2) / 2, 2.55), arrowstyle="-|>",
+                                         mutation_scale=8, color="#555", lw=0.8))
+        ax.add_patch(FancyArrowPatch((x + (width - 0.2) / 2, 1.45), (n / 2, 0.75), arrowstyle="-|>", mutation_scale=8,
+                                     color="#555", lw=0.6))
+    ax.add_patch(Rectangle((n / 2 - 13, 0.05), 26, 0.65, facecolor="#d9ead3", edgecolor="#333", lw=0.8))
+    ax.text(n / 2, 0.37, "merge: weigh split s by exp(m_s - max m), add, divide", ha="center", va="center", fontsize=8)
+    ax.set_title(f"One query head's attention cut into {splits} splits, one program each, then merged", fontsize=10)
+    fig.tight_layout()
+    return fig
