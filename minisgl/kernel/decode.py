@@ -8,8 +8,8 @@ by latency rather than by reading. Here the grid is
 of a request's keys for one KV head (and all the query heads that share it, GQA), and writes its
 partial result (running max, sum of exponentials, weighted values) to a scratch buffer. The program
 that finishes last for a (request, KV head), which it learns from an atomic counter, merges the
-partials and writes the output, so there is no second kernel. The counter is back at zero when the
-kernel ends, ready for the next layer and for CUDA graph replays.
+partials (`decode_merge.merge_splits`) and writes the output, so there is no second kernel. The
+counter is back at zero when the kernel ends, ready for the next layer and for CUDA graph replays.
 
 Keys are read through the page table (`page_table[row, position]` is a slot of the flat
 `[slots, kv_heads, head_dim]` cache), so any page size works and no page list is built.
@@ -53,6 +53,7 @@ try:
     import triton
     import triton.language as tl
 
+    from . import decode_merge  # the last stage: the splits' partials merged into the output
     from .rope import norm_rope
 
     @triton.jit
@@ -96,25 +97,6 @@ try:
             l = l * alpha + tl.sum(p, axis=1)
             m = m_new
         return m, l, acc
-
-    @triton.jit
-    def _merge_splits(part_ptr, ml_ptr, out_ptr, base, nsplit, b, h, d, HKV: tl.constexpr, G: tl.constexpr,
-                      GR: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
-        """Request b's output for KV head h from the partials of its `nsplit` splits, all at once."""
-        sp = tl.arange(0, SPLITS)
-        r = tl.arange(0, GR)
-        r_ok = r < G
-        ok = (sp[:, None] < nsplit) & r_ok[None, :]  # [SPLITS, GR]: the splits that ran
-        ml_at = ml_ptr + ((base + sp[:, None]) * GR + r[None, :]) * 2
-        ms = tl.load(ml_at, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        ls = tl.load(ml_at + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        parts = tl.load(part_ptr + ((base + sp[:, None, None]) * GR + r[None, :, None]) * D + d[None, None, :],
-                        mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [SPLITS, GR, D]
-        m_all = tl.max(ms, axis=0)  # finite: split 0 holds at least one key
-        w = tl.exp(ms - m_all[None, :])  # a split that did not run weighs exp(-inf) = 0
-        o = tl.sum(w[:, :, None] * parts, axis=0) / tl.sum(w * ls, axis=0)[:, None]
-        head_r = (b * HKV + h) * G + r  # the output is contiguous
-        tl.store(out_ptr + head_r[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
 
     @triton.jit
     def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, order_ptr, part_ptr, ml_ptr, count_ptr,
@@ -163,7 +145,7 @@ try:
         tl.debug_barrier()  # every thread's partials are written before the counter moves
         done = tl.atomic_add(count_ptr + e * HKV + h, 1, sem="acq_rel")
         if done == nsplit - 1:  # the last program of this (request, KV head) merges
-            _merge_splits(part_ptr, ml_ptr, out_ptr, base, nsplit, b, h, d, HKV, G, GR, D, SPLITS)
+            decode_merge.merge_splits(part_ptr, ml_ptr, out_ptr, base, nsplit, b, h, d, HKV, G, GR, D, SPLITS)
             tl.atomic_xchg(count_ptr + e * HKV + h, 0)  # ready for the next launch
 
 except ImportError:  # pragma: no cover
