@@ -2,8 +2,9 @@
 chapter's own workload and engine settings (tiny-llama, four rows, six groups of four requests
 sharing a 48-token prefix, `max_tokens=3`), and on its simulator.
 
-Claims: answer 1 (200 pages: fcfs computes 1,248 prompt tokens in 24 steps, lpm 384 in 20, with a
-hit at step 1, and the same when groups 3 to 5 start: at step 10, a hit joining at step 11);
+Claims: answer 1 (200 pages: under both policies uid6 joins at step 1 as a hit of group 0; fcfs
+computes 768 prompt tokens in 23 steps, uid7 and uid8 computing their prefix again at step 8; lpm
+384 in 20, and the same when groups 3 to 5 start: at step 10, a hit joining at step 11);
 answer 3 (without the in-batch wait, lpm at 400 pages computes 480 tokens in 18 steps, uid10 and
 uid11 are prefilled at step 12 and uid16, uid17, uid22 and uid23 at step 15); answer 4 (ratio 0.05
 retracts two requests, 0.06 none, with a mean batch of 40 against 14.5 at 1.0).
@@ -45,12 +46,16 @@ def _first_step(prefills, uid: int) -> int:
 
 
 def test_answer_1_two_hundred_pages():
-    trace, _, fcfs = _run("fcfs", 200)
-    assert (fcfs, len(trace)) == (1248, 24)
+    trace, prefills, fcfs = _run("fcfs", 200)
+    assert (fcfs, len(trace)) == (768, 23)
+    step1 = next(t for t in prefills if t.step == 1)
+    assert (step1.uids, step1.cached_lens) == ([6], [48]), step1  # uid3 to uid5 passed over
+    step8 = next(t for t in prefills if t.step == 8)
+    assert {u: c for u, c in zip(step8.uids, step8.cached_lens) if u in (7, 8)} == {7: 0, 8: 0}, step8
     trace, prefills, lpm = _run("lpm", 200)
     assert (lpm, len(trace)) == (384, 20)
     step1 = next(t for t in prefills if t.step == 1)
-    assert any(GROUP[u] == 0 and c == 48 for u, c in zip(step1.uids, step1.cached_lens)), step1
+    assert (step1.uids, step1.cached_lens) == ([6], [48]), step1
     starts = {g: min(_first_step(prefills, u) for u in range(len(PROMPTS)) if GROUP[u] == g) for g in (3, 4, 5)}
     assert set(starts.values()) == {10}, starts
     step11 = next(t for t in prefills if t.step == 11)
