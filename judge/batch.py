@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Union
 
-from . import progress, registry, sandbox, scratch, submission
+from . import confinement, progress, registry, sandbox, scratch, submission
 from .files import create_new
 from .grade import Grading, _put_back, prepare, run_file
 from .gradebook import Batch, LearnerGrade, display
@@ -87,11 +87,13 @@ def _submissions(root: Path, exercise_id: str, roster: Optional[List[str]]) -> D
 def grade_all(root: Union[str, Path], exercise_id: str, *, out: Union[str, Path], jobs: int = 2, seed: Optional[int] = None,
               cases_dir: Optional[Union[str, Path]] = None, timeout_scale: float = 1.0, memory_limit_gb: Optional[float] = None,
               resume: bool = False, only: Optional[Iterable[str]] = None, roster: Optional[List[str]] = None,
-              stream=sys.stderr, echo: Callable[[str], None] = print) -> Batch:
+              allow_weaker_sandbox: bool = False, stream=sys.stderr, echo: Callable[[str], None] = print) -> Batch:
     """Grade the learners in `root` on `exercise_id`, recording each in `out` as they finish (see
     the module's docstring). `resume`: skip learners already recorded there; `only`: grade these
     learners alone, the others' grades taken from the record. Ctrl-C returns the batch so far
-    (`batch.interrupted`)."""
+    (`batch.interrupted`). On a machine that lacks a protection of the sandbox, raises
+    `confinement.WeakSandboxError` unless `allow_weaker_sandbox`."""
+    weaker = confinement.require(allow_weaker_sandbox)  # before anything is read or written
     registry.folder(exercise_id)
     root = Path(root).expanduser().resolve()
     out = Path(out).expanduser().resolve()
@@ -122,7 +124,9 @@ def grade_all(root: Union[str, Path], exercise_id: str, *, out: Union[str, Path]
          f"{max(1, jobs)} at a time on {g.fingerprint['device']}")
     for w in (w for sub in found.values() for w in sub.warnings):
         echo(f"warning: {w}")
-    batch = Batch(exercise_id, ledger.seed, root, g.fingerprint["device"], list(g.notes) + list(g.instructor_notes),
+    for w in weaker:
+        echo(f"warning: {w}")
+    batch = Batch(exercise_id, ledger.seed, root, g.fingerprint["device"], list(g.notes) + weaker + list(g.instructor_notes),
                   max_points=sum(g.ex.weight_of(c) for c in g.ex.cases))
     reset_cancel()
     expected = g.reference()  # once, before any learner's code runs

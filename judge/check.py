@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import reference, registry, variants
+from . import confinement, reference, registry, variants
 from .compare import first_difference
 from .grade import Settings, current_fingerprint, cuda_available, default_threads, expected_from, plan, run_file, run_reference, verdicts
 from .result import Status
@@ -110,6 +110,9 @@ def check(exercise_ids: Optional[List[str]] = None, jobs: int = 2, record: bool 
     reset_cancel()  # an interrupted grading earlier in this process must not stop these runs
     t0 = time.perf_counter()
     echo(f"checking {len(ids)} exercises on {current_fingerprint()['device']} with {jobs} parallel jobs")
+    gaps = confinement.missing()  # the wrong variants run as graded code: say how confined
+    echo("sandbox: " + (f"MISSING {', '.join(p.name for p in gaps)} (see `python judge.py sandbox`)" if gaps
+                        else ", ".join(f"{p.name} ({p.by})" for p in confinement.survey())))
     all_ok = True
     for i in ids:  # imported one by one before the checks run side by side: no import races the engine's
         registry.load(i)

@@ -1,4 +1,4 @@
-"""`python judge.py ...`: list, start, hint, answer, grade, grade-all, check, record."""
+"""`python judge.py ...`: list, start, hint, answer, grade, grade-all, check, record, sandbox."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 import sys
 from typing import List, Optional
 
-from . import registry
+from . import confinement, registry
 from .declaration import DeclarationError
 from .ledger import LedgerError
 
@@ -125,6 +125,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
     from . import progress
 
     registry.folder(args.exercise)
+    weaker = confinement.require(args.allow_weaker_sandbox) if args.gradescope else []  # an autograder grades a class
     file = Path(args.file) if args.file else None
     protect = _protected(args)
     if file is None or not (file.is_dir() or file.suffix == ".ipynb"):
@@ -156,6 +157,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
             case.message = case.message.replace(str(copy.resolve()), result.file).replace(str(copy), result.file)
         if not args.no_record:
             progress.record(result)
+    result.warnings.extend(weaker)
     print(result)
     _write_outputs(args, result, name=result.file)
     return 0 if result.ok else 1
@@ -171,7 +173,8 @@ def cmd_grade_all(args: argparse.Namespace) -> int:
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     roster = read_roster(args.roster) if args.roster else None
     batch = grade_all(args.submissions, args.exercise, out=out, jobs=args.jobs, seed=args.seed, cases_dir=args.cases_dir,
-                      timeout_scale=args.timeout_scale, resume=args.resume, only=only, roster=roster)
+                      timeout_scale=args.timeout_scale, resume=args.resume, only=only, roster=roster,
+                      allow_weaker_sandbox=args.allow_weaker_sandbox)
     paths = batch.write(out, hidden_visibility=args.hidden_visibility)
     graded = [g for g in batch.learners if g.result is not None]
     print(f"{len(graded)} of {len(batch.learners)} learners graded in {batch.seconds:.0f} s (seed {batch.seed}); "
@@ -181,6 +184,14 @@ def cmd_grade_all(args: argparse.Namespace) -> int:
         print(f"  {g.learner:<24} " + (f"{r.points:g}/{r.max_points:g} points, {r.passed}/{r.total} cases" if r else f"{g.verdict}: {g.reason}"))
     print(f"wrote {paths['csv']}, {paths['totals']}, {paths['json']}, {paths['junit']} and {out / 'gradescope'}/<learner>/results.json")
     return 130 if batch.interrupted else 0
+
+
+def cmd_sandbox(_: argparse.Namespace) -> int:
+    print(confinement.describe())
+    gaps = confinement.missing()
+    if gaps:
+        print(f"grade-all and `grade --gradescope` refuse to grade here without {confinement.FLAG}")
+    return 1 if gaps else 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -199,6 +210,8 @@ def _course_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases-dir", default=None, help="instructors: a folder outside the repository with hidden cases, <dir>/<id>/cases.py")
     p.add_argument("--hidden-visibility", default="after_published", choices=("hidden", "after_due_date", "after_published", "visible"),
                    help="on Gradescope, when learners see the hidden cases (default: after_published)")
+    p.add_argument(confinement.FLAG, action="store_true",
+                   help="grade a class (grade-all, --gradescope) even where this machine lacks part of the sandbox (see `judge.py sandbox`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,12 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("exercises", nargs="*", help="exercise ids (default: all)")
         c.add_argument("--jobs", type=int, default=_default_jobs(), help="exercises checked in parallel")
         c.set_defaults(fn=cmd_check, record=record)
+    sub.add_parser("sandbox", help="what the graded code is kept from doing on this machine, and what the judge needs for it").set_defaults(fn=cmd_sandbox)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"list", "start", "hint", "answer", "grade", "grade-all", "check", "record", "-h", "--help"}
+    commands = {"list", "start", "hint", "answer", "grade", "grade-all", "check", "record", "sandbox", "-h", "--help"}
     if argv and argv[0] not in commands:
         argv = ["grade", *argv]  # `judge.py <id> [--file PATH]`
     parser = build_parser()
@@ -259,7 +273,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         return args.fn(args)
-    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError, LedgerError) as exc:
+    except (registry.UnknownExerciseError, FileNotFoundError, DeclarationError, LedgerError, confinement.WeakSandboxError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

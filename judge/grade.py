@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from . import integrity, progress, reference, registry, sandbox, speed
+from . import confinement, integrity, progress, reference, registry, sandbox, speed
 from .api import HIDDEN_PREFIX, Exercise
 from .compare import first_difference
 from .result import CaseResult, GradeResult, Status
@@ -325,6 +325,9 @@ def prepare(exercise_id: str, *, seed: Optional[int] = None, timeout_scale: floa
     if not sandbox.available():
         notes.append("this kernel has no Landlock, so the graded code runs unconfined: the judge puts back whatever it changes, "
                      "but could not keep it from reading the recorded references")
+    gaps = [g.name for g in confinement.missing() if g.name != "files"]  # files: the note above
+    if gaps:
+        notes.append(f"this machine lacks part of the sandbox ({', '.join(gaps)}): `python judge.py sandbox` says what the graded code could do")
     instructor_notes = []
     if cases_dir is not None:
         hidden = sum(c.hidden for c in ex.cases)

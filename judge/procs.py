@@ -9,6 +9,11 @@ below one of them, where `/proc` shows it. `kill_tree` SIGKILLs a set of process
 descendant, again and again until none is left (a process forking while it is being killed
 only adds to the next pass); SIGKILL cannot be caught or ignored.
 
+Where the kernel allows it, each worker is also the first process of a pid namespace of its own
+(`judge.namespaces`), and the kernel kills everything in it when the worker ends. And nothing
+outlives the judge: each process asks the kernel to signal it when its parent ends
+(`die_with_parent`), from the fork server down to each worker.
+
 Everything the judge starts carries MARKER=<the judge's pid> in its environment, so an orphan
 adopted by the judge process itself (after the fork server was killed) is told apart from the
 notebook's own children (and from another judge's processes on a shared machine).
@@ -22,10 +27,10 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set
 
 MARKER = "MINISGL_JUDGE_PROCESS"
-_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,21 @@ def set_subreaper() -> bool:
         return False
 
 
+def die_with_parent(sig: int, parent: int, parent_start: Optional[int] = None) -> bool:
+    """Have the kernel send `sig` to this process when `parent` (the process, or in a threaded
+    parent the thread, that forked us) ends. False if it has already ended, in the moment between
+    the fork and this call: the caller should exit. Where the OS has no such thing, True."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        return True
+    ppid = os.getppid()
+    # 0: the parent is outside our pid namespace (a worker, its first process): ask /proc instead
+    return ppid == parent or (ppid == 0 and alive(parent, parent_start))
+
+
 def read(pid: int) -> Optional[Proc]:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -55,6 +75,27 @@ def read(pid: int) -> Optional[Proc]:
         return None
     rest = data[data.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
     return Proc(pid, int(rest[1]), int(rest[19]), rest[0])
+
+
+def children(pid: int) -> List[int]:
+    """The process's children (from its own list where the kernel keeps one: no scan of /proc)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+        return [p.pid for p in table().values() if p.ppid == pid]
+
+
+def namespace_pid(pid: int) -> Optional[int]:
+    """The process's pid in its own (innermost) pid namespace; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+        pass
+    return None
 
 
 def table() -> Dict[int, Proc]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import secrets
 import select
 import signal
@@ -24,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from tools.workbook_env import WORKBOOK
 
-from . import procs, registry, scratch
+from . import cgroups, confinement, procs, registry, scratch
 from .compare import well_formed
 from .files import create_new
 from .registry import REPO_ROOT
@@ -65,8 +66,10 @@ class ForkedProc:
     watch loop. Its end is read from the keeper's report or, if the learner's code killed the
     keeper, from /proc (the worker is then gone, and how it ended is unknown)."""
 
-    def __init__(self, keeper: int, keeper_start: Optional[int], pid: int, start: int, pid_path: Path) -> None:
+    def __init__(self, keeper: int, keeper_start: Optional[int], pid: int, start: int, pid_path: Path,
+                 cgroup: Optional[Path] = None) -> None:
         self.keeper, self.keeper_start, self.pid, self.start, self._pid_path = keeper, keeper_start, pid, start, pid_path
+        self.cgroup = cgroup  # the worker's capped cgroup (`judge.cgroups`), where there is one
         self.returncode: Optional[int] = None
         self.lost = False  # ended without its keeper's report
 
@@ -94,6 +97,40 @@ class ForkedProc:
             self.returncode, self.lost = -signal.SIGKILL, False
 
 
+class _Lasting:
+    """A thread that lasts as long as the judge. The kernel's parent-death signal (`procs.
+    die_with_parent`) follows the thread that forked, not the process: a fork server started from
+    a pool's thread would be killed when that thread ends, in the middle of other gradings."""
+
+    _lock = threading.Lock()
+    _jobs: Optional["queue.Queue"] = None
+    _owner = 0
+
+    @classmethod
+    def call(cls, fn: Callable[[], Any]) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        with cls._lock:
+            if cls._jobs is None or cls._owner != os.getpid():
+                cls._jobs, cls._owner = queue.Queue(), os.getpid()
+                threading.Thread(target=cls._serve, args=(cls._jobs,), name="judge-fork-server-starter", daemon=True).start()
+        done: "queue.Queue" = queue.Queue(1)
+        cls._jobs.put((fn, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(jobs: "queue.Queue") -> None:
+        while True:
+            fn, done = jobs.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as exc:  # handed to the caller, who raises it
+                done.put((False, exc))
+
+
 class Zygote:
     """The fork server (one per judge process and mode), restarted when it died or when engine or
     judge files changed. `fresh` (CUDA): each worker is a new interpreter instead of a fork."""
@@ -102,6 +139,7 @@ class Zygote:
     _procs: Dict[bool, subprocess.Popen] = {}
     _stamps: Dict[bool, float] = {}
     _running: Dict[int, Optional[int]] = {}  # keepers and workers of running gradings: pid -> start time
+    _retired: List[subprocess.Popen] = []  # servers told to exit once their running workers end
 
     @staticmethod
     def _sources_stamp() -> float:
@@ -121,11 +159,12 @@ class Zygote:
             proc = None
         if proc is None:
             procs.set_subreaper()  # if the learner's code kills the fork server, its orphans come here
-            proc = subprocess.Popen(
+            # it dies with the judge (its marker names the judge, whose death it asks the kernel to signal)
+            proc = _Lasting.call(lambda: subprocess.Popen(
                 [sys.executable, "-m", "judge.zygote", *(["--exec"] if fresh else [])], cwd=str(REPO_ROOT),
                 env=dict(env, **{procs.MARKER: str(os.getpid())}), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-            )
+            ))
             ready, _, _ = select.select([proc.stdout], [], [], STARTUP_S)  # never wait on a server that hangs
             if not ready or proc.stdout.readline().strip() != "ready":
                 cls._procs[fresh] = proc
@@ -135,12 +174,14 @@ class Zygote:
         return proc
 
     @classmethod
-    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool) -> ForkedProc:
-        """Start a worker for `job`. A fork server that does not answer (the learner's code may have
-        stopped it) is replaced by a new one, once."""
+    def spawn(cls, exercise_id: str, job: Path, err: Path, rlimit_as: Optional[int], env, fresh: bool,
+              isolate: bool = False, cgroup: Optional[Path] = None) -> ForkedProc:
+        """Start a worker for `job` (`isolate`: in namespaces of its own; `cgroup`: in that cgroup).
+        A fork server that does not answer (the learner's code may have stopped it) is replaced by
+        a new one, once."""
         pid_path = job.with_suffix(".pid")
         request = json.dumps({"exercise": exercise_id, "job": str(job), "err": str(err), "pid": str(pid_path),
-                              "rlimit_as": rlimit_as})
+                              "rlimit_as": rlimit_as, "namespaces": isolate, "cgroup": str(cgroup) if cgroup else None})
         with cls._lock:  # a keeper is registered before any sweep can take it for a stray
             for attempt in range(2):
                 proc = cls._ensure(env, fresh)
@@ -163,7 +204,7 @@ class Zygote:
             keeper, pid, start = (int(x) for x in pid_path.read_text().split("\n")[0].split())
             kp = procs.read(keeper)
             cls._running[keeper], cls._running[pid] = (kp.start if kp else None), start
-        return ForkedProc(keeper, cls._running[keeper], pid, start, pid_path)
+        return ForkedProc(keeper, cls._running[keeper], pid, start, pid_path, cgroup)
 
     @classmethod
     def forget(cls, *pids: int) -> None:
@@ -176,7 +217,8 @@ class Zygote:
         """Processes adopted by the fork server or by the judge that are no running grading's
         keeper or worker: left behind by learner code that killed its keeper (or fork server)."""
         with cls._lock:
-            servers = {p.pid for p in cls._procs.values()}
+            cls._retired = [p for p in cls._retired if p.poll() is None]
+            servers = {p.pid for p in [*cls._procs.values(), *cls._retired]}
             parents = servers | {os.getpid()}  # a dead server's orphans were adopted by the judge
             running = {k for k, start in cls._running.items() if k in tab and (start is None or tab[k].start == start)}
             # a live server's children are its keepers, so any other is a stray, marked or not (its
@@ -198,16 +240,11 @@ class Zygote:
 
     @classmethod
     def _retire(cls, fresh: bool) -> None:
-        """Let a server go without killing the workers it started: with its input closed it exits,
-        and its keepers, adopted by the judge (a subreaper), go on reporting as before."""
+        """Let a server go without killing the workers it started: with its input closed it exits
+        once its keepers have (a keeper dies with its server), and is reaped then."""
         proc = cls._close_input(fresh)
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # stopped, say: end the server alone, not its keepers
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            cls._retired.append(proc)
 
     @classmethod
     def _stop(cls, fresh: bool) -> None:
@@ -223,6 +260,11 @@ class Zygote:
     def stop(cls) -> None:
         for fresh in list(cls._procs):
             cls._stop(fresh)
+        for proc in cls._retired:
+            if proc.poll() is None:
+                procs.kill_tree({proc.pid: None})
+            proc.wait()
+        cls._retired = []
 
 
 atexit.register(Zygote.stop)
@@ -274,6 +316,7 @@ def run_cases(
     remaining = list(cases)
     limit = int(memory_limit_gb * (1 << 30))
     fresh = use_cuda or not USE_ZYGOTE
+    confine = confinement.wanted()  # decided here, by the judge: the worker only carries it out
     with scratch.run_folders() as run:  # control files out of the graded code's reach; its TMPDIR beside them
         tmp = run.control
         attempt = 0
@@ -291,15 +334,19 @@ def run_cases(
                 "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
                 "cases_dir": str(cases_dir) if cases_dir else None, "scratch": str(run.scratch), "private": str(scratch.base()),
                 "no_access": [str(registry.STATE_DIR), *(sandbox or {}).get("no_access", [])],  # the learner's record, wherever it is
+                "confine": confine,
             }))
             create_new(out_path)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
             # an address-space cap turns a runaway allocation into an error; CUDA maps too much for it
             events = open(out_path)  # held open: the learner's code deleting the file cannot blind us
+            cgroup = cgroups.make()
             try:
-                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh)
+                proc = Zygote.spawn(exercise_id, job_path, err_path, None if use_cuda else limit + (2 << 30), env, fresh,
+                                    isolate=confine["namespaces"], cgroup=cgroup)
             except RuntimeError as exc:
                 events.close()
+                cgroups.remove(cgroup)
                 report.fatal = {"status": Status.ERROR, "error": f"the judge could not start a grading process: {exc}"}
                 return report
             _LIVE.add(proc)
@@ -311,6 +358,7 @@ def run_cases(
                 proc.kill()  # whatever the run left behind ends with it
                 _LIVE.discard(proc)
                 events.close()
+                cgroups.remove(cgroup)
             if _CANCEL.is_set():
                 return report
             err_tail = (err_path.read_bytes()[-1500:].decode(errors="replace").strip() if err_path.exists() else "") or "(none)"
@@ -382,13 +430,16 @@ _TOO_MANY = f"started more than {MAX_PROCS} processes at once (a fork bomb?); al
 def _tree(proc: ForkedProc) -> Set[int]:
     """The worker and everything it started, counting the orphans its keeper (a subreaper) adopted."""
     root = proc.keeper if procs.alive(proc.keeper, proc.keeper_start) else proc.pid
-    out = procs.descendants([root], procs.table())
+    tab = procs.table()
+    out = procs.descendants([root], tab)
     out.discard(proc.keeper)
-    return out
+    # ended ones are not counted: in its own pid namespace the worker adopts its orphans, and never reaps them
+    return {pid for pid in out if tab[pid].state != "Z"}
 
 
-def _fork_bomb(proc: ForkedProc) -> bool:
-    return len(_tree(proc)) > MAX_PROCS
+def _fork_bomb(proc: ForkedProc, tree: Optional[Set[int]] = None) -> bool:
+    """Too many processes now, or (in a capped cgroup) a fork the kernel refused at any time."""
+    return len(_tree(proc) if tree is None else tree) > MAX_PROCS or cgroups.refused_forks(proc.cgroup) > 0
 
 
 def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_limit=STARTUP_S):
@@ -462,7 +513,7 @@ def _watch(proc, events, remaining, report, limit, on_done, speed=False, load_li
         used = procs.rss_bytes(proc.pid)
         if polls % TREE_EVERY == 0:
             tree = _tree(proc)
-            if len(tree) > MAX_PROCS:
+            if _fork_bomb(proc, tree):
                 result = _ended(Status.ERROR, _TOO_MANY, now - started_at)
                 if current is None:
                     report.fatal = {k: result[k] for k in ("status", "error")}

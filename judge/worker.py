@@ -130,8 +130,14 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
     objects, the judge's state, its private folder (but for this job's scratch folder) or the
     hidden cases, nor write the repository, nor signal a process outside its sandbox
     (`judge.sandbox`), nor change any file's permissions, times or attributes (`judge.seccomp`)."""
-    from judge import privileges, registry, sandbox, seccomp
+    from judge import namespaces, privileges, registry, sandbox, seccomp
 
+    # what the judge counts on here (`judge.confinement`): each one asked for must hold, or the
+    # learner's code does not run at all
+    wanted = job.get("confine") or {}
+    refused = os.environ.get(namespaces.REFUSED)
+    if wanted.get("namespaces") and refused:
+        raise RuntimeError(f"the judge could not isolate the grading process: {refused}")
     # temporary files go to the job's own scratch folder, the one place under the judge's private
     # folder it may open: the control files, the reference run and other learners are out of reach
     scratch = Path(job["scratch"])
@@ -148,15 +154,17 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
     if job.get("cases_dir"):
         no_access.append(Path(job["cases_dir"]))
     # /proc and /sys only read: as root, their files would set the kernel's parameters (or reboot it)
-    why = sandbox.restrict(no_access, [repo, Path("/proc"), Path("/sys")], [Path(learner_file)], writable=[scratch])
-    if why is not None and sandbox.available():  # the judge counts on it: never run the learner's code unconfined here
-        raise RuntimeError(f"the judge could not confine the grading process: {why}")
+    if wanted.get("landlock"):
+        why = sandbox.restrict(no_access, [repo, Path("/proc"), Path("/sys")], [Path(learner_file)], writable=[scratch])
+        if why is not None:
+            raise RuntimeError(f"the judge could not confine the grading process: {why}")
     why = privileges.drop()  # root's powers beyond files (modules, reboot, raw I/O, mounts)
     if why is not None:
         raise RuntimeError(f"the judge could not drop the grading process's privileges: {why}")
-    why = seccomp.forbid_metadata_changes()  # chmod, utime, xattrs: what Landlock does not cover
-    if why is not None and seccomp.available():
-        raise RuntimeError(f"the judge could not confine the grading process: {why}")
+    if wanted.get("seccomp"):
+        why = seccomp.forbid_metadata_changes()  # chmod, utime, xattrs: what Landlock does not cover
+        if why is not None:
+            raise RuntimeError(f"the judge could not confine the grading process: {why}")
 
 
 def main(job_path: str) -> int:

@@ -357,9 +357,11 @@ _BODY = "        return self.device_len - self.cached_len"
     # kills the keeper that started it: the case still ends, with the rest graded
     # (where Landlock scopes signals the kill is refused: the file goes on, and the grading ends as well)
     ("kills_parent", "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept PermissionError:\n    pass\n", None),
-    # kills the fork server too (its grandparent)
-    ("kills_server", "import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\ntry:\n"
-                     "    os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGKILL)\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+    # kills the fork server too (its grandparent; in a pid namespace of its own, its parent is the
+    # namespace's first process, whose parent it cannot see: 0, which kill() takes for its own group)
+    ("kills_server", "import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+                     "_server = int(_stat[_stat.rindex(')') + 2:].split()[1])\ntry:\n"
+                     "    if _server > 0:\n        os.kill(_server, signal.SIGKILL)\n    os.kill(os.getppid(), signal.SIGKILL)\n"
                      "except PermissionError:\n    pass\n", None),
     # kills every process this judge started but itself: fork server, keepers, the reference's worker
     ("kills_helpers", "import os, signal\n_tag = ('MINISGL_JUDGE_PROCESS=' + os.environ['MINISGL_JUDGE_PROCESS']).encode()\n"
@@ -505,8 +507,10 @@ def test_a_stopped_fork_server_is_replaced(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(runner, "SPAWN_S", 5.0)
     path = tmp_path / "stops_server.py"
-    path.write_text("import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\ntry:\n"
-                    "    os.kill(int(_stat[_stat.rindex(')') + 2:].split()[1]), signal.SIGSTOP)\nexcept PermissionError:\n    pass\n"
+    path.write_text("import os, signal\n_stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+                    "_server = int(_stat[_stat.rindex(')') + 2:].split()[1])\ntry:\n"
+                    "    if _server > 0:  # 0: outside its pid namespace, unseen (kill() would take 0 for its own group)\n"
+                    "        os.kill(_server, signal.SIGSTOP)\nexcept PermissionError:\n    pass\n"
                     + SOLUTION.read_text())
     assert grade("req-lengths", path, seed=1, save=False).ok
     assert grade("req-lengths", SOLUTION, seed=1, save=False).ok

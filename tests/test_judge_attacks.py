@@ -13,9 +13,13 @@ import signal
 import time
 from pathlib import Path
 
+import functools
+import subprocess
+import sys
+
 import pytest
 
-from judge import formats, grade, registry, sandbox, scratch, variants
+from judge import cgroups, confinement, formats, grade, namespaces, procs, registry, sandbox, scratch, seccomp, variants
 from judge.compare import first_difference
 from judge.result import TEXT_LIMIT
 
@@ -25,8 +29,41 @@ SOLUTION = variants.solution_file(EX)
 WRONG = variants.variant_file(EX, variants.declared(EX)[0].name)
 BODY = "        return self.device_len - self.cached_len"  # Req.extend_len in the answer
 
-needs_landlock = pytest.mark.skipif(not sandbox.available(), reason="this kernel has no Landlock: the judge says it cannot confine")
-needs_scoping = pytest.mark.skipif(not sandbox.scopes_signals(), reason="this kernel's Landlock cannot scope signals (ABI < 6)")
+# JUDGE_TEST_WITHOUT=landlock,seccomp,namespaces,cgroups: run these tests as on a machine without them (the
+# judge decides what each worker sets up, so turning a feature off in this process turns it off)
+WITHOUT = {w for w in os.environ.get("JUDGE_TEST_WITHOUT", "").split(",") if w}
+
+
+@pytest.fixture(autouse=True)
+def _machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    if "landlock" in WITHOUT:
+        monkeypatch.setattr(sandbox, "abi_version", lambda: 0)
+        monkeypatch.setattr(sandbox, "available", lambda: False)
+        monkeypatch.setattr(sandbox, "scopes_signals", lambda: False)
+    if "seccomp" in WITHOUT:
+        monkeypatch.setattr(seccomp, "available", lambda: False)
+    if "namespaces" in WITHOUT:
+        monkeypatch.setattr(namespaces, "available", lambda: False)
+    if "cgroups" in WITHOUT:
+        monkeypatch.setattr(cgroups, "available", lambda: False)
+        monkeypatch.setattr(cgroups, "make", lambda: None)
+
+
+def requires(*names: str):
+    """A test of what a protection of `judge.confinement` stops. Where this machine lacks one, the
+    test asserts instead that the judge refuses to grade a class here unless told to go on."""
+    def wrap(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            gaps = [p.name for p in confinement.missing()]
+            if any(n in gaps for n in names):
+                with pytest.raises(confinement.WeakSandboxError, match="missing: .*" + next(n for n in names if n in gaps)):
+                    confinement.require(allow_weaker=False)
+                assert confinement.require(allow_weaker=True)  # told to: it grades, and says what is missing
+                return
+            test(*args, **kwargs)
+        return run
+    return wrap
 
 
 def _learner(tmp_path: Path, name: str, prefix: str, source: Path = SOLUTION) -> Path:
@@ -36,7 +73,7 @@ def _learner(tmp_path: Path, name: str, prefix: str, source: Path = SOLUTION) ->
 
 
 # ---- reading what grades it ----------------------------------------------------------------------
-@needs_landlock
+@requires("files")
 def test_git_objects_are_out_of_reach(tmp_path: Path) -> None:
     # the recorded references are in git's objects too: `git show HEAD:judge/reference/...`
     leak = tmp_path / "leak"
@@ -49,7 +86,7 @@ open({str(leak)!r}, "w").write(str(len(_r.stdout)))
 
 
 # ---- writing where the judge writes ----------------------------------------------------------------
-@needs_landlock
+@requires("files")
 def test_planted_links_and_other_runs_files_are_out_of_reach(tmp_path: Path) -> None:
     # links named like the next attempt's control files, in the worker's TMPDIR; then a crash in a
     # case, so the judge starts a second worker and writes that attempt's files
@@ -82,6 +119,7 @@ open({str(leak)!r}, "w").write("\\n".join(_hits))
     assert leak.read_text() == "", leak.read_text()  # no control file of the judge's, of the reference's, of another run
 
 
+@requires("metadata")
 def test_permissions_times_and_attributes_stay_as_they_are(tmp_path: Path) -> None:
     # Landlock guards contents, not metadata: `chmod 000` on a file it may read would break every later grading
     target = tmp_path / "a file the graded code may read"
@@ -109,7 +147,7 @@ open({str(leak)!r}, "w").write(" ".join(_done))
         target.chmod(0o644)
 
 
-@pytest.mark.skipif(sandbox.abi_version() < 4, reason="this kernel's Landlock cannot restrict TCP (ABI < 4)")
+@requires("network")
 def test_no_tcp_connection_leaves_the_worker(tmp_path: Path) -> None:
     import socket
 
@@ -130,7 +168,7 @@ except OSError:
         server.close()
 
 
-@needs_landlock
+@requires("files")
 @pytest.mark.skipif(os.geteuid() != 0, reason="the judge runs as an ordinary user here: no privileges to drop")
 def test_root_keeps_no_power_beyond_files(tmp_path: Path) -> None:
     # as in a Gradescope container: raw disks, the kernel's parameters, capabilities (each only
@@ -163,17 +201,18 @@ open({str(leak)!r}, "w").write(" ".join(_got))
 
 
 # ---- signals and processes ---------------------------------------------------------------------------
-@needs_scoping
+@requires("processes")
 def test_signals_reach_no_process_outside_the_worker(tmp_path: Path) -> None:
-    # signal 0 asks the kernel whether a signal would be delivered, and delivers none
+    # signal 0 asks the kernel whether a signal would be delivered, and delivers none; the pids
+    # are the judge's view of them (in a pid namespace of its own the worker sees none of them)
+    from judge import runner
+
+    assert grade(EX, SOLUTION, seed=1, save=False).ok  # a fork server is running
+    server = runner.Zygote._procs[False].pid
     leak = tmp_path / "leak"
     path = _learner(tmp_path, "signals", f"""import os as _os
-def _parent(pid):
-    _stat = open(f"/proc/{{pid}}/stat").read()
-    return int(_stat[_stat.rindex(")") + 2:].split()[1])
-_keeper = _os.getppid()
 _reached = []
-for _pid in (_keeper, _parent(_keeper), int(_os.environ["MINISGL_JUDGE_PROCESS"])):
+for _pid in ({server}, {os.getpid()}, int(_os.environ["MINISGL_JUDGE_PROCESS"])):
     try:
         _os.kill(_pid, 0)
         _reached.append(_pid)
@@ -182,7 +221,54 @@ for _pid in (_keeper, _parent(_keeper), int(_os.environ["MINISGL_JUDGE_PROCESS"]
 open({str(leak)!r}, "w").write(" ".join(map(str, _reached)))
 """)
     assert grade(EX, path, seed=1, save=False).ok
-    assert leak.read_text() == ""  # not the keeper, not the fork server, not the judge
+    assert leak.read_text() == ""  # not the fork server, not the judge
+
+
+@pytest.mark.parametrize("machine", ["as it is", "without namespaces"])
+def test_namespaces_hide_processes_and_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, machine: str) -> None:
+    # what the graded code sees of the machine's processes, whether it reaches the judge, whether a
+    # UDP datagram (which Landlock does not stop) gets to a listener on this machine
+    import socket
+
+    if machine != "as it is":
+        monkeypatch.setattr(namespaces, "available", lambda: False)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(3)
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "looks_around", f"""import json as _json, os as _os, socket as _socket
+_seen = [int(p) for p in _os.listdir("/proc") if p.isdigit()]
+try:
+    _os.kill({os.getpid()}, 0)
+    _reached = True
+except OSError:
+    _reached = False
+try:
+    _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM).sendto(b"out", ("127.0.0.1", {listener.getsockname()[1]}))
+except OSError:
+    pass
+open({str(leak)!r}, "w").write(_json.dumps({{"seen": _seen, "me": _os.getpid(), "reached": _reached}}))
+""")
+    try:
+        assert grade(EX, path, seed=1, save=False).ok
+        try:
+            received = listener.recv(16) == b"out"
+        except socket.timeout:
+            received = False
+    finally:
+        listener.close()
+    got = json.loads(leak.read_text())
+    missing = {p.name for p in confinement.missing()}
+    if namespaces.available():
+        # its namespace's first process (pid 1, which reaps its orphans) and itself, nothing else
+        assert sorted(got["seen"]) == [1, got["me"]] == [1, 2] and not got["reached"] and not received, got
+        assert not missing & {"network", "processes"}
+    else:  # what the judge cannot stop here is what it says is missing, and a class is not graded so
+        assert os.getpid() in got["seen"] and received, got
+        assert got["reached"] == (not sandbox.scopes_signals()) == ("processes" in missing)
+        assert "network" in missing
+        with pytest.raises(confinement.WeakSandboxError):
+            confinement.require(allow_weaker=False)
 
 
 def test_a_stopped_fork_server_costs_no_time() -> None:
@@ -227,6 +313,34 @@ _time.sleep(3)
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_fork_bomb_is_always_seen_where_a_cgroup_caps_it(tmp_path: Path) -> None:
+    # children that live two seconds each, started as fast as the machine forks: whether a look
+    # at the process table catches more than the limit depends on the machine's load; a cap does not
+    leak = tmp_path / "leak"
+    path = _learner(tmp_path, "bomb", f"""import os as _os, time as _time
+_kids, _refused = [], 0
+for _ in range({cgroups.MAX_TASKS + 50}):
+    try:
+        _pid = _os.fork()
+    except OSError:
+        _refused += 1
+        break
+    if _pid == 0:
+        _time.sleep(2)
+        _os._exit(0)
+    _kids.append(_pid)
+for _p in _kids:
+    _os.waitpid(_p, 0)
+open({str(leak)!r}, "w").write(str(_refused))
+""")
+    result = grade(EX, path, seed=1, save=False)
+    if cgroups.available():  # ended by a look, or after the kernel refused a fork (then the file says so)
+        assert not leak.exists() or leak.read_text() == "1", leak.read_text()
+        assert result.cases[0].status == "error" and "fork bomb" in result.cases[0].message, str(result)
+    else:  # only looking: the verdict may go either way, and the judge says so
+        assert "counted by looking" in confinement.describe()
+
+
 def _with_token(token: str) -> list:
     out = []
     for name in os.listdir("/proc"):
@@ -262,6 +376,73 @@ except OSError:
     finally:
         for pid in _with_token(token):
             os.kill(pid, signal.SIGKILL)
+
+
+def _of_grading(judge: int, token: str) -> list:
+    """Live processes that a judge started (its marker), or whose command line holds `token` (a
+    learner's process that emptied its environment)."""
+    out = []
+    for pid, p in procs.table().items():
+        if p.state == "Z" or pid == os.getpid():
+            continue
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if token.encode() in cmdline or procs.marked(pid, judge):
+            out.append(pid)
+    return out
+
+
+# grade-all in a process of its own; "namespaces" off: as on a machine that refuses them
+_GRADE_ALL = """import sys
+from judge import cli, namespaces
+if sys.argv[1] == "off":
+    namespaces.available = lambda: False
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("namespaces_", ["as the machine has them", "off"])
+def test_nothing_outlives_a_killed_judge(tmp_path: Path, namespaces_: str) -> None:
+    # the judge is SIGKILLed while a learner's case loops and a detached shell (empty environment,
+    # its own session) loops beside it: the fork server, the keeper, the worker and the shell must all end
+    token = f"killed-judge-{os.getpid()}-{time.monotonic_ns()}"
+    running = tmp_path / "running"
+    running.write_text("")
+    loop = (f"        import os\n        if os.fork() == 0:\n            if os.fork() == 0:\n                os.setsid()\n"
+            f"                os.execve('/bin/sh', ['sh', '-c', 'while :; do sleep 1; done # {token}'], {{}})\n"
+            f"            os._exit(0)\n        open({str(running)!r}, 'w').write('yes')\n        while True:\n            pass\n")
+    subs = _class(tmp_path, {"hangs": SOLUTION.read_text().replace(BODY, loop + BODY)})
+    proc = subprocess.Popen([sys.executable, "-c", _GRADE_ALL, "off" if namespaces_ == "off" else "on", "grade-all", str(subs),
+                             "--exercise", EX, "--jobs", "1", "--seed", "1", "--out", str(tmp_path / "grades"), confinement.FLAG],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list = []
+    try:
+        deadline = time.monotonic() + 120
+        while running.read_text() != "yes" and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert running.read_text() == "yes", proc.communicate(timeout=5)[0][-3000:]
+        time.sleep(0.5)
+        seen = _of_grading(proc.pid, token)
+        assert len(seen) >= 4, seen  # the fork server, the keeper, the worker, the shell at least
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while _of_grading(proc.pid, token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _of_grading(proc.pid, token) == []
+        if cgroups.available():  # nor the cgroups made for its workers
+            while list(cgroups.root().glob(f"minisgl-judge-{proc.pid}-*")) and time.monotonic() < deadline + 3:
+                time.sleep(0.1)
+            assert list(cgroups.root().glob(f"minisgl-judge-{proc.pid}-*")) == []
+    finally:
+        proc.kill()
+        for pid in _of_grading(proc.pid, token):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        for pid in seen:  # those this process adopted (a subreaper, once it graded): not left as zombies
+            procs.reap(pid)
 
 
 # ---- what the judge believes and prints ------------------------------------------------------------
@@ -404,7 +585,7 @@ except OSError:
 """ + WRONG.read_text())
     first = _run_autograder(root)
     assert first != FORGED
-    if not sandbox.scopes_signals():  # the kill may land: then an error result, never the file the submission wrote
+    if confinement.missing():  # the judge refuses, or the kill may land: an error result, never the file the submission wrote
         assert first["tests"] or "could not grade" in first["output"], first
         return
     assert first["tests"] and 0 < first["score"] < sum(t["max_score"] for t in first["tests"]), first
@@ -430,7 +611,7 @@ def _class(tmp_path: Path, files: dict) -> Path:
     return subs
 
 
-@needs_landlock
+@requires("files")
 def test_learners_cannot_reach_each_other(tmp_path: Path) -> None:
     # the first learner graded goes for the class folder, the judge's private copies and the
     # folders the judge would make next; a correct classmate must still pass, unread
@@ -462,7 +643,7 @@ open({str(leak)!r}, "w").write(repr(_got))
 """
     subs = _class(tmp_path, {"a-evil": evil + wrong, "b-good": SOLUTION.read_text(), "c-good": SOLUTION.read_text()})
     before = {p: p.read_bytes() for p in subs.rglob("*.py")}
-    batch = grade_all(subs, EX, out=tmp_path / "grades", jobs=1, seed=1, echo=lambda _: None)
+    batch = grade_all(subs, EX, out=tmp_path / "grades", jobs=1, seed=1, echo=lambda _: None, allow_weaker_sandbox=True)
     results = {g.learner: g.result for g in batch.learners}
     assert results["b-good"].ok and results["c-good"].ok, str(results["b-good"]) + str(results["c-good"])
     assert leak.read_text() == "[]"
@@ -500,7 +681,7 @@ def test_grade_all_keeps_what_it_graded_through_ctrl_c_and_resumes(tmp_path: Pat
     roster.write_text("learner\nada\nbob\ncy\nzed\n")  # zed handed nothing in
     out = tmp_path / "grades"
     proc = subprocess.Popen([sys.executable, "judge.py", "grade-all", str(subs), "--exercise", EX, "--jobs", "1", "--seed", "5",
-                             "--roster", str(roster), "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             "--roster", str(roster), "--out", str(out), confinement.FLAG], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             # as from a terminal: a test worker may run with SIGINT ignored, which a child inherits
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -520,7 +701,8 @@ def test_grade_all_keeps_what_it_graded_through_ctrl_c_and_resumes(tmp_path: Pat
     assert totals["ada"]["verdict"] == "graded" and float(totals["ada"]["points"]) == float(totals["ada"]["max_points"])
     assert totals["bob"]["verdict"] == totals["cy"]["verdict"] == "not graded" and totals["zed"]["verdict"] == "missing"
     flag.unlink()
-    batch = grade_all(subs, EX, out=out, jobs=1, resume=True, roster=["ada", "bob", "cy", "zed"], echo=lambda _: None)
+    batch = grade_all(subs, EX, out=out, jobs=1, resume=True, roster=["ada", "bob", "cy", "zed"], echo=lambda _: None,
+                      allow_weaker_sandbox=True)
     by = {g.learner: g for g in batch.learners}
     assert batch.seed == 5 and all(by[n].result.ok for n in ("ada", "bob", "cy")) and by["zed"].verdict == "missing"
     assert by["ada"].seconds == json.loads((out / "learners" / "ada.learner.json").read_text())["seconds"]  # not graded again
