@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 # Notebooks whose saved outputs have not been refreshed since this check came in: their stale cells
 # warn instead of failing. Remove a notebook once it is re-executed and saved.
-NOT_YET_REFRESHED: frozenset = frozenset()
+NOT_YET_REFRESHED = frozenset({})  # empty: every chapter is refreshed
 
 
 class StaleOutputWarning(UserWarning):
