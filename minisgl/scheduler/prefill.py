@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Deque, Dict, List, Optional, Sequence, Type, Union
+from typing import Any, Callable, ClassVar, Deque, Dict, List, Optional, Sequence, Type, Union
 
 import torch
 
@@ -130,10 +130,6 @@ class PrefillAdder:
         return req
 
 
-if TYPE_CHECKING:
-    from .config import SchedulerConfig  # config imports this module
-
-
 # Scheduling policies: the order in which waiting requests are offered to admission (the queue
 # itself stays in arrival order), by name. Each is registered by the module that defines it.
 class SchedulePolicy:
@@ -144,8 +140,9 @@ class SchedulePolicy:
     orders_by_prefix: ClassVar[bool] = False  # orders by prefix-cache hits: needs a cache that keeps prefixes
 
     @classmethod
-    def from_config(cls, config: SchedulerConfig) -> SchedulePolicy:
-        """A fresh policy with the settings of `config` it reads (none, unless a policy overrides this)."""
+    def from_config(cls, config: Any) -> SchedulePolicy:
+        """A fresh policy with the settings it reads from `config`, a `SchedulerConfig` (not imported
+        here: the config imports this module); none, unless a policy overrides this."""
         return cls()
 
     def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
