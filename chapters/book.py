@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -49,9 +50,24 @@ def _env():
     return _load_by_path("_minisgl_env", REPO / "minisgl" / "env.py")
 
 
+# Weights the engines of earlier runs of a chapter hold (`minisgl.engine.engine.LOADED`), by
+# checkpoint. A chapter run again imports minisgl afresh, with an empty table; handing it these
+# lets its engines share the weights the old engines, still referenced by the notebook, hold.
+_WEIGHTS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
 def _purge_minisgl() -> None:
+    engine = sys.modules.get("minisgl.engine.engine")
+    _WEIGHTS.update(getattr(engine, "LOADED", {}))
     for name in [m for m in sys.modules if m == "minisgl" or m.startswith("minisgl.")]:
         del sys.modules[name]
+
+
+def _share_earlier_weights(stage: Path) -> None:
+    if _WEIGHTS and (stage / "minisgl" / "engine" / "engine.py").is_file():
+        from minisgl.engine import engine
+
+        engine.LOADED.update(_WEIGHTS)
 
 
 def setup_chapter(n: int, quiet: bool = False) -> Path:
@@ -75,6 +91,7 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
     _CHAPTER = n
+    _share_earlier_weights(stage)
     _register_judge_magic()
     small_llm.cache_clear()
     import torch

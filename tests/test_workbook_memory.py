@@ -113,3 +113,28 @@ def test_an_engine_holds_its_cpu_weights_once_and_engines_share_them():
     dummy = Engine(EngineConfig(model_path=str(TINY), device="cpu", dtype="float32", max_running_reqs=2, max_seq_len=64,
                                 dummy_weights=True))
     assert dummy.model.state_dict()[name] is not state[name]  # random weights are never shared
+
+
+def test_a_chapter_run_again_shares_the_weights_its_earlier_engines_hold():
+    """The workbook imports minisgl afresh when a chapter runs again; engines built after that share
+    the weights of the engines built before (the notebook may still hold them), and the engine
+    itself keeps no table outside its own module."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "chapters")!r})
+import book
+book.setup_chapter(6, quiet=True)
+from minisgl.engine import Engine, EngineConfig
+first = Engine(EngineConfig(model_path={str(TINY)!r}, device="cpu", max_running_reqs=2, max_seq_len=64, num_pages=64))
+book.setup_chapter(6, quiet=True)
+from minisgl.engine import Engine as Again, EngineConfig as ConfigAgain
+assert Again is not Engine  # a fresh import of the package
+second = Again(ConfigAgain(model_path={str(TINY)!r}, device="cpu", max_running_reqs=2, max_seq_len=64, num_pages=64))
+print(first.weights is second.weights, "_minisgl_loaded_weights" in sys.modules)
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-2:] == ["True", "False"], run.stdout

@@ -4,7 +4,7 @@ The engine knows nothing about requests arriving or finishing: it is given a pre
 runs the model, moves each request's ledger on (`complete_one`) and returns sampled tokens.
 
 Weights are held once. Engines built in one process from the same checkpoint (same files, model
-config, dtype, device and rank) share one set of weight tensors, so a notebook or a test suite that
+config, dtype, device and rank) share one set of weight tensors (`LOADED`), so a process that
 builds several engines holds the model once; an edit to one engine's weights is seen by all of them.
 Once loaded, the model goes through the package's kernel pass where the package has one (`KERNEL_PASS`).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import sys
 import time
-import types
 import weakref
 from pathlib import Path
 from typing import Dict
@@ -46,14 +45,8 @@ class LoadedWeights:
         self.tensors = tensors
 
 
-def _loaded() -> "weakref.WeakValueDictionary[tuple, LoadedWeights]":
-    """Weights engines hold, by checkpoint. Kept outside the package's modules, so that engines
-    built after `minisgl` is imported afresh (the workbook re-imports it when a chapter is run
-    again) still share with those built before."""
-    holder = sys.modules.setdefault("_minisgl_loaded_weights", types.ModuleType("_minisgl_loaded_weights"))
-    if not hasattr(holder, "table"):
-        holder.table = weakref.WeakValueDictionary()
-    return holder.table
+# Weights engines hold, by checkpoint: an entry lives as long as one engine uses it.
+LOADED: "weakref.WeakValueDictionary[tuple, LoadedWeights]" = weakref.WeakValueDictionary()
 
 
 def _weights_key(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -126,7 +119,7 @@ class Engine:
         checkpoint, else from the checkpoint (random ones with `dummy_weights`, never shared)."""
         key = None if self.config.dummy_weights else _weights_key(self.config, self.model_config, self.dtype,
                                                                   self.device)
-        loaded = _loaded().get(key) if key is not None else None
+        loaded = LOADED.get(key) if key is not None else None
         if loaded is not None:
             _adopt(self.model, loaded.tensors)
             _swap_in_kernels(self.model)
@@ -138,7 +131,7 @@ class Engine:
         _swap_in_kernels(self.model)  # before the weights are shared, so others adopt the packed ones
         loaded = LoadedWeights(self.model.state_dict())
         if key is not None:
-            _loaded()[key] = loaded
+            LOADED[key] = loaded
         return loaded
 
     def _prepare_gpu(self) -> None:
