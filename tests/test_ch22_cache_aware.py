@@ -72,18 +72,29 @@ def _reference_hit(stored: List[List[int]], ids: Sequence[int], page_size: int) 
     return best
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_order_equals_a_naive_reference(seed):
-    rng = random.Random(seed)
+def _random_cache(rng: random.Random):
+    """A prefix cache of a random page size holding up to five random sequences: (cache, them, page size)."""
     ps = rng.choice([1, 2, 4])
     _, cache = _managers(num_pages=512, page_size=ps)
     stored = [[rng.randrange(3, 9) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(0, 5))]
     for s in stored:
         _store(cache, s)
+    return cache, stored, ps
+
+
+def _random_pending(rng: random.Random, uid: int, stored: List[List[int]]):
+    """A waiting request whose prompt starts, most of the time, with part of a stored sequence."""
+    head = list(rng.choice(stored))[: rng.randint(0, 24)] if stored and rng.random() < 0.7 else []
+    return _pending(uid, head + [rng.randrange(3, 9) for _ in range(rng.randint(1, 8))])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_order_equals_a_naive_reference(seed):
+    rng = random.Random(seed)
+    cache, stored, ps = _random_cache(rng)
     waiting = []
     for uid in range(rng.randint(0, 10)):
-        head = list(rng.choice(stored))[: rng.randint(0, 24)] if stored and rng.random() < 0.7 else []
-        waiting.append(_pending(uid, head + [rng.randrange(3, 9) for _ in range(rng.randint(1, 8))]))
+        waiting.append(_random_pending(rng, uid, stored))
     before = [(p.uid, p.input_ids.clone()) for p in waiting]
     sizes = (cache.prefix_cache.evictable_size, cache.prefix_cache.protected_size)
     got = [p.uid for p in longest_prefix_first(waiting, cache)]
@@ -289,17 +300,12 @@ def test_the_exercise_model_free_schedule_is_the_schedulers(policy):
 @pytest.mark.parametrize("seed", range(6))
 def test_aged_order_equals_a_naive_reference_step_after_step(seed):
     rng = random.Random(seed)
-    ps = rng.choice([1, 2, 4])
-    _, cache = _managers(num_pages=512, page_size=ps)
-    stored = [[rng.randrange(3, 9) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(0, 5))]
-    for s in stored:
-        _store(cache, s)
+    cache, stored, ps = _random_cache(rng)
     max_wait = rng.randint(0, 4)
     policy, queue, passed_over, uid = AgedLongestPrefix(max_wait), [], {}, 0
     for _ in range(12):
         for _ in range(rng.randint(0, 3)):
-            head = list(rng.choice(stored))[: rng.randint(0, 24)] if stored and rng.random() < 0.7 else []
-            queue.append(_pending(uid, head + [rng.randrange(3, 9) for _ in range(rng.randint(1, 8))]))
+            queue.append(_random_pending(rng, uid, stored))
             uid += 1
         if queue and rng.random() < 0.2:
             queue.pop(rng.randrange(len(queue)))  # a request that leaves from the middle of the queue
