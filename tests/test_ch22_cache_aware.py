@@ -392,3 +392,12 @@ def test_a_bound_never_reached_is_lpm_and_a_bound_of_zero_is_fcfs():
     assert trace("lpm-aged", 1000) == lpm
     assert trace("lpm-aged", 0) == fcfs
     assert trace("lpm-aged") == lpm  # the default bound keeps lpm's schedule on this traffic
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_a_bound_for_a_policy_that_ignores_it_is_refused(policy):
+    """`lpm_max_wait` under a policy that does not read it would do nothing: refused, naming who reads it."""
+    engine = EngineConfig(model_path=str(TINY_LLAMA), device="cpu")
+    with pytest.raises(ValueError, match="lpm_max_wait is read only by schedule_policy lpm-aged"):
+        SchedulerConfig(engine=engine, schedule_policy=policy, lpm_max_wait=3)
+    assert SchedulerConfig(engine=engine, schedule_policy=policy, lpm_max_wait=None).lpm_max_wait is None

@@ -31,6 +31,7 @@ class AgedLongestPrefix(SchedulePolicy):
 
     summary = f"lpm-aged: lpm, but a request passed over --lpm-max-wait steps goes first (default {LPM_MAX_WAIT})"
     orders_by_prefix = True
+    settings = ("lpm_max_wait",)
 
     def __init__(self, lpm_max_wait: int = LPM_MAX_WAIT):
         assert lpm_max_wait >= 0, "SchedulerConfig checks lpm_max_wait"

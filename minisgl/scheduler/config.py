@@ -68,6 +68,10 @@ class SchedulerConfig:
         if wait is not None and (not isinstance(wait, int) or isinstance(wait, bool) or wait < 0):
             raise ValueError(f"lpm_max_wait must be a whole number of admission steps, 0 or more (0 offers every "
                              f"request in arrival order), or None for the policy's default; got {wait!r}")
+        readers = [name for name, policy in SCHEDULE_POLICIES.items() if "lpm_max_wait" in policy.settings]
+        if wait is not None and self.schedule_policy not in readers:
+            raise ValueError(f"lpm_max_wait is read only by schedule_policy {' or '.join(readers) or '(none here)'}; "
+                             f"{self.schedule_policy!r} would ignore it: leave it unset or choose such a policy")
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Deque, Dict, List, Optional, Sequence, Type, Union
+from typing import Any, Callable, ClassVar, Deque, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
@@ -138,6 +138,7 @@ class SchedulePolicy:
 
     summary: ClassVar[str] = ""  # one line for `--schedule-policy`'s help
     orders_by_prefix: ClassVar[bool] = False  # orders by prefix-cache hits: needs a cache that keeps prefixes
+    settings: ClassVar[Tuple[str, ...]] = ()  # the SchedulerConfig fields `from_config` reads
 
     @classmethod
     def from_config(cls, config: Any) -> SchedulePolicy:
