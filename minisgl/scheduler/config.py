@@ -7,15 +7,13 @@ from minisgl.engine.config import EngineConfig
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.env import ENV
 
-from .prefill import SCHEDULE_POLICIES, SchedulePolicy
+from .prefill import SCHEDULE_POLICIES, SchedulePolicy, schedule_policy_class
 
 
 def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
     """Raise ValueError unless the policy exists and the prefix cache can serve it."""
-    if schedule_policy not in SCHEDULE_POLICIES:
-        raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {schedule_policy!r}")
     keeps = getattr(PREFIX_CACHES.get(prefix_cache), "keeps_prefixes", False)
-    if SCHEDULE_POLICIES[schedule_policy].orders_by_prefix and not keeps:
+    if schedule_policy_class(schedule_policy).orders_by_prefix and not keeps:
         raise ValueError(f"schedule_policy {schedule_policy!r} orders requests by their prefix-cache hits and needs a "
                          f"prefix cache that keeps prefixes (prefix_cache='radix'); got {prefix_cache!r}")
 

@@ -163,11 +163,16 @@ def register_schedule_policy(name: str) -> Callable[[Type[SchedulePolicy]], Type
     return register
 
 
-def create_schedule_policy(name: str) -> SchedulePolicy:
-    """The policy registered as `name`, with its default settings."""
+def schedule_policy_class(name: str) -> Type[SchedulePolicy]:
+    """The policy registered as `name`; ValueError naming the registered ones if there is none."""
     if name not in SCHEDULE_POLICIES:
         raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}; got {name!r}")
-    return SCHEDULE_POLICIES[name]()
+    return SCHEDULE_POLICIES[name]
+
+
+def create_schedule_policy(name: str) -> SchedulePolicy:
+    """The policy registered as `name`, with its default settings."""
+    return schedule_policy_class(name)()
 
 
 @register_schedule_policy("fcfs")
