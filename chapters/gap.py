@@ -3,8 +3,9 @@
 Nothing here is engine logic. `simulate` replays admission and decoding at the level of KV pages
 only (page size 1, no prefix cache, one kind of step at a time, prefill first), so that a policy
 the engine does not have, optimistic admission with retraction, can be compared with the one it
-has on the same requests. With `ratio=1.0` it is the engine's rule, and the chapter checks that it
-reproduces a real engine run step for step before trusting it with `ratio < 1`.
+has on the same requests. With `ratio=1.0` it is the engine's rule, pass-over included (the walk's
+bound is the engine's `MAX_PASSED_OVER`, imported), and the chapter checks that it reproduces a
+real engine run step for step before trusting it with `ratio < 1`.
 """
 
 from __future__ import annotations
@@ -243,14 +244,29 @@ class _Live:
         return self.prompt + (self.done - self.kept) - 1
 
 
-def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: float = 1.0, max_steps: int = 100_000) -> SimResult:
+@dataclass
+class _Waiting:
+    req: SimReq
+    kept: int = 0  # output tokens it already has (after a retraction)
+    passed_over: int = 0  # prefill steps that admitted a request behind it while it was refused
+
+
+def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: float = 1.0, max_steps: int = 100_000,
+             token_budget: Optional[int] = None) -> SimResult:
     """Admit first come, first served while the pool covers every running request's estimated
     future pages plus the newcomer's; `ratio` scales the estimate of the tokens a request has yet
-    to produce (1.0: all of `max_tokens`, the engine's reservation). When a decode step finds too
-    few free pages, the newest running requests are retracted: their pages are freed and they
-    wait at the head of the queue to be prefilled again, output so far included."""
+    to produce (1.0: all of `max_tokens`, the engine's reservation). As in the engine's admission
+    (`PrefillManager.admit_in_order`), a refused request is passed over and those behind it that
+    fit are admitted; the walk stops once no row is free, at a prompt longer than what is left of
+    `token_budget` (the prefill tokens of one step, None: no cap; the first prompt of a step joins
+    whatever its length), or at a request already passed over `MAX_PASSED_OVER` times.
+    When a decode step finds too few free pages, the newest running requests are retracted: their
+    pages are freed and they wait at the head of the queue to be prefilled again, output so far
+    included."""
+    from minisgl.scheduler.prefill import MAX_PASSED_OVER
+
     assert 0 < ratio <= 1.0
-    waiting: List[tuple] = [(r, 0) for r in reqs]  # (request, output tokens it already has)
+    waiting: List[_Waiting] = [_Waiting(r) for r in reqs]
     live: Dict[int, _Live] = {}
     free, steps, recomputed, admitted = num_pages, [], 0, 0
 
@@ -267,20 +283,32 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
         if not waiting and not live:
             break
         promised = sum(future(l) for l in live.values())
+        budget = math.inf if token_budget is None else token_budget
         batch: List[_Live] = []
-        while waiting and len(live) < max_running:
-            r, kept = waiting[0]
-            prompt = r.prompt + kept  # a retracted request recomputes its output so far too
-            later = math.ceil(ratio * (r.max_tokens - kept - 1))  # after the token this prefill samples
-            if free < promised + prompt + later:
+        refused: List[_Waiting] = []
+        passed = 0  # how many of `refused` have a request admitted behind them
+        for w in list(waiting):
+            if len(live) >= max_running:
                 break
-            waiting.pop(0)
-            l = live[r.uid] = _Live(r, prompt, kept, kept, admitted)
+            prompt = w.req.prompt + w.kept  # a retracted request recomputes its output so far too
+            later = math.ceil(ratio * (w.req.max_tokens - w.kept - 1))  # after the token this prefill samples
+            over_budget = bool(batch) and prompt > budget
+            if over_budget or free < promised + prompt + later:
+                if over_budget or w.passed_over >= MAX_PASSED_OVER:
+                    break
+                refused.append(w)
+                continue
+            waiting.remove(w)
+            l = live[w.req.uid] = _Live(w.req, prompt, w.kept, w.kept, admitted)
             admitted += 1
             free -= prompt
             promised += later
-            recomputed += prompt if kept else 0
+            budget -= prompt
+            recomputed += prompt if w.kept else 0
             batch.append(l)
+            passed = len(refused)
+        for w in refused[:passed]:
+            w.passed_over += 1
         if batch:
             steps.append(SimStep("prefill", [l.req.uid for l in batch]))
             for l in batch:
@@ -292,7 +320,7 @@ def simulate(reqs: Sequence[SimReq], num_pages: int, max_running: int, ratio: fl
             newest = max(live.values(), key=lambda l: l.order)
             del live[newest.req.uid]
             free += newest.pages
-            waiting.insert(0, (newest.req, newest.done))
+            waiting.insert(0, _Waiting(newest.req, newest.done))
             retracted.append(newest.req.uid)
         if not live:
             raise RuntimeError("a single request needs more pages than the pool has")
