@@ -22,7 +22,7 @@ from minisgl.core import Batch, Req
 
 from .config import SchedulerConfig
 from .prefill import PendingReq
-from .prefix import PrefixAdder, PrefixPrefillManager
+from .prefix import PrefixAdder, PrefixCacheMixin, PrefixPrefillManager
 from .scheduler import extends_scheduler
 
 
@@ -93,9 +93,10 @@ class ChunkedPrefillManager(PrefixPrefillManager):
 
 
 @extends_scheduler("chunked_prefill")
-class ChunkedPrefillMixin:
+class ChunkedPrefillMixin(PrefixCacheMixin):
     """Prefill cut to the token budget, and a decode step after every step that leaves a prompt
-    half done. Put in front of `Scheduler` in a class's bases."""
+    half done. It builds on prefix reuse (a prompt's chunks start after its cached prefix), so
+    `PrefixCacheMixin` comes with it. Put in front of `Scheduler` in a class's bases."""
 
     prefill: ChunkedPrefillManager
 
