@@ -30,7 +30,7 @@ from .pages import PageAllocator
 from .prefill import PendingReq, PrefillManager
 from .table import TableManager
 
-if TYPE_CHECKING:  # the config lists the schedule policies; a mixin module may register one before it
+if TYPE_CHECKING:  # config.py lists the policies registered when it is imported; prefix.py imports this module first
     from .config import SchedulerConfig
 
 
