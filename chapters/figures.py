@@ -183,11 +183,11 @@ def occupancy_figure(sched, title: str = "", max_cols: Optional[int] = None):
 
     cache, ps = sched.cache, sched.cache.page_size
     owner = np.full(cache.num_pages, -1)  # -1 free, -2 prefix cache, else uid
-    for p in cache.prefix_cache.all_indices().cpu().long()[::ps] // ps:
+    for p in cache.kept_pages():  # the prefix cache's pages (none without one)
         owner[int(p)] = -2
     live = sorted(sched.live.values(), key=lambda r: r.uid)
     for r in live:
-        start, end = r.cache_handle.cached_len, cache.owned_pages(r, ps) * ps
+        start, end = cache.own_start(r), cache.owned_pages(r, ps) * ps
         for p in sched.engine.page_table[r.table_idx, start:end].cpu().long()[::ps] // ps:
             owner[int(p)] = r.uid
     colour = lambda o: FREE if o == -1 else CACHED if o == -2 else PALETTE[o % len(PALETTE)]  # noqa: E731
@@ -232,7 +232,7 @@ def pool_counts(sched) -> Dict[str, int]:
     live = [r for r in sched.live.values() if not r.finished]
     held = sum(cache.owned_pages(r, cache.page_size) - r.cache_handle.cached_len // cache.page_size for r in sched.live.values())
     promised = sum(cache.pages_to_finish(r) for r in live)
-    return dict(held=held, promised=promised, cached=cache.prefix_cache.size // cache.page_size,
+    return dict(held=held, promised=promised, cached=len(cache.kept_pages()),
                 free=cache.free_pages, running=len(live), waiting=len(sched.prefill.pending))
 
 

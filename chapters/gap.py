@@ -48,7 +48,7 @@ class Feature:
 
 FEATURES = (
     Feature("paged KV, continuous batching", "yes", "yes", "yes",
-            has=("sym:minisgl.scheduler.cache:CacheManager.pages_to_finish", "sym:minisgl.scheduler.decode:DecodeManager", "flag:--page-size")),
+            has=("sym:minisgl.scheduler.pages:PageAllocator.pages_to_finish", "sym:minisgl.scheduler.decode:DecodeManager", "flag:--page-size")),
     # minisgl and SGLang keep a radix tree of tokens; vLLM hashes whole blocks: all three reuse a cached prompt's KV
     Feature("prefix cache (tree or block hashes)", "yes", "yes", "yes", has=("sym:minisgl.kvcache.radix_cache:RadixPrefixCache", "flag:--prefix-cache")),
     Feature("chunked prefill", "yes", "yes", "yes", has=("sym:minisgl.scheduler.chunked:ChunkedPrefillAdder.continue_chunk", "flag:--max-extend-tokens")),
@@ -58,7 +58,7 @@ FEATURES = (
     Feature("mixed prefill + decode batches", "no", "yes", "yes", lacks=("mixed_chunk", "mixed_batch", '"mixed"')),
     Feature("optimistic admission, retraction", "no", "yes", "yes", lacks=("retract", "preempt", "new_token_ratio")),
     Feature("cache-aware scheduling", "yes", "yes", "partly",
-            has=("sym:minisgl.scheduler.prefill:longest_prefix_first", "flag:--schedule-policy",
+            has=("sym:minisgl.scheduler.prefix:longest_prefix_first", "flag:--schedule-policy",
                  "sym:minisgl.scheduler.aging:AgedLongestPrefix", "flag:--lpm-max-wait")),
     Feature("speculative decoding", "no", "yes", "yes", lacks=("speculat", "draft_model", "draft_token")),
     Feature("quantized weights and KV", "no", "yes", "yes", lacks=("quantiz", "fp8", "awq", "gptq")),

@@ -98,7 +98,7 @@ def generate(obs: Obs, config, prompts: Sequence[Sequence[int]], params, *, trac
     if trace:
         record_trace(obs, sched.trace)
     sched.assert_all_free()
-    obs.eq("after the run: pages held by the prefix cache", sched.cache.prefix_cache.size // sched.cache.page_size)
+    obs.eq("after the run: pages held by the prefix cache", len(sched.cache.kept_pages()))  # none without one
 
 
 def record_trace(obs: Obs, trace) -> None:
@@ -140,15 +140,21 @@ def teacher_forced_logits(config, prompt: Sequence[int], forced: Sequence[int], 
 
 
 # ---- managers without a model: for unit cases on the scheduler's pieces -----------------------------
-def managers(rows: int = 4, num_pages: int = 64, page_size: int = 1, max_seq_len: int = 128, prefix_cache: str = "radix"):
-    """A TableManager and CacheManager sharing one page table (with its dummy row), on the device
-    the engine would use: the GPU when there is one, as in a real run."""
-    from minisgl.kvcache import create_prefix_cache
-    from minisgl.scheduler.cache import CacheManager
+def managers(rows: int = 4, num_pages: int = 64, page_size: int = 1, max_seq_len: int = 128,
+             prefix_cache: Optional[str] = "radix"):
+    """A TableManager and a CacheManager with the prefix cache named `prefix_cache` (None: chapter 7's
+    PageAllocator, no prefix cache) sharing one page table (with its dummy row), on the device the
+    engine would use: the GPU when there is one, as in a real run."""
+    from minisgl.scheduler.pages import PageAllocator
     from minisgl.scheduler.table import TableManager
 
     page_table = torch.zeros((rows + 1, max_seq_len), dtype=torch.int32, device=device())
     table = TableManager(rows, page_table)
+    if prefix_cache is None:
+        return table, PageAllocator(num_pages, page_size, page_table)
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+
     cache = CacheManager(num_pages, page_size, create_prefix_cache(prefix_cache, page_size, device()), page_table)
     return table, cache
 

@@ -364,14 +364,12 @@ def test_a_mixin_registered_later_overrides_those_before_and_a_name_registers_on
 def _adder(rows=2, pages=12, page_size=4, budget=16, reserved=5):
     import torch
 
-    from minisgl.kvcache import NaivePrefixCache
-    from minisgl.scheduler.cache import CacheManager
+    from minisgl.scheduler.pages import PageAllocator
     from minisgl.scheduler.prefill import PrefillAdder
     from minisgl.scheduler.table import TableManager
 
     page_table = torch.full((rows + 1, 64), -1, dtype=torch.int32)
-    cache = CacheManager(pages, page_size, NaivePrefixCache(page_size, torch.device("cpu")), page_table)
-    return PrefillAdder(budget, reserved, TableManager(rows, page_table), cache)
+    return PrefillAdder(budget, reserved, TableManager(rows, page_table), PageAllocator(pages, page_size, page_table))
 
 
 def _offer(adder, uid, prompt_len, max_tokens):

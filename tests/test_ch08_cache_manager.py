@@ -4,7 +4,9 @@ Claims: a request gets whole pages for positions [cached_len, device_len) and it
 points into them; every page is always in exactly one place (free list, prefix cache, or a live
 request) and the integrity check catches a page that is lost or shared; admission reserves the
 pages a request needs to finish, so a tight pool makes requests wait instead of failing; the naive
-prefix cache never reuses anything.
+prefix cache never reuses anything. Chapter 7's scheduler, with the page allocator alone (no
+prefix cache), serves requests and gives every page back; the scheduler composed with the
+prefix-cache mixin reuses a prompt it served before.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import MAX_TOKENS, TINY_QWEN3, build_llm, generate_ids, make_req, prompt_ids
+from helpers import MAX_TOKENS, TINY_QWEN3, build_llm, generate_ids, make_req, prompt_ids, small_engine_kwargs
 from minisgl.core import SamplingParams
 from minisgl.kvcache import NaivePrefixCache, RadixPrefixCache
 from minisgl.scheduler.cache import CacheManager
+from minisgl.scheduler.pages import PageAllocator
 
 CPU = torch.device("cpu")
 
@@ -116,7 +119,72 @@ def test_running_out_of_pages_is_an_error_not_a_silent_overwrite():
         cm.allocate([make_req(list(range(12)), row=0)])
 
 
+def test_the_page_allocator_alone_frees_every_page_a_request_had():
+    pa = PageAllocator(8, 4, torch.full((4, 32), -1, dtype=torch.int32))
+    reqs = [make_req(list(range(n)), row=i, uid=i) for i, n in enumerate([5, 9, 1])]
+    pa.allocate(reqs)
+    for r in reqs:
+        r.complete_one()
+    assert pa.free_pages == pa.available_pages == 8 - 2 - 3 - 1 and len(pa.kept_pages()) == 0
+    pa.check_integrity(reqs)
+    pa.release(reqs[1])
+    assert pa.free_pages == 5
+    pa.check_integrity([reqs[0], reqs[2]])
+    with pytest.raises(MemoryError, match="out of KV pages"):  # nothing to reclaim: no cache
+        pa.allocate([make_req(list(range(24)), row=1, uid=3)])
+
+
+def test_the_cache_manager_counts_evictable_pages_and_evicts_when_the_free_list_is_short():
+    cm = manager(num_pages=4, page_size=4, cache="radix")
+    a = make_req(list(range(12)), row=0, max_tokens=1)
+    a.cache_handle = cm.match(a.input_ids).handle  # the radix cache's own (empty) handle
+    cm.allocate([a])
+    a.complete_one()
+    cm.release(a)  # 3 whole pages go to the cache, unlocked
+    assert (cm.free_pages, cm.available_pages, len(cm.kept_pages())) == (1, 4, 3)
+    cm.check_integrity([])
+    b = make_req(list(range(100, 112)), row=1, max_tokens=1)
+    b.cache_handle = cm.match(b.input_ids).handle
+    cm.allocate([b])  # 3 pages with 1 free: the cache gives back at least 2 (the radix cache its whole entry)
+    b.complete_one()
+    assert cm.free_pages + len(cm.kept_pages()) == 1 and cm.prefix_cache.size < 12
+    cm.check_integrity([b])
+
+
 # ---- through the scheduler ---------------------------------------------------------------------
+
+
+def test_chapter_7s_scheduler_serves_with_the_page_allocator_and_frees_every_page(hf_refs):
+    from minisgl.engine import EngineConfig
+    from minisgl.scheduler import Scheduler, SchedulerConfig
+
+    engine = EngineConfig(model_path=str(TINY_QWEN3), **small_engine_kwargs(page_size=4))
+    sched = Scheduler(SchedulerConfig(engine=engine, overlap=False, check_integrity=True))  # no mixin
+    assert type(sched.cache) is PageAllocator
+    tokens = {}
+    sched.on_token = lambda req, token, reason: token is not None and tokens.setdefault(req.uid, []).append(token)
+    prompts = prompt_ids(TINY_QWEN3)
+    for _ in range(2):  # the second round computes every prompt again: nothing is kept
+        uids = [sched.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, MAX_TOKENS)]
+        while not sched.is_idle:
+            sched.step()
+        sched.assert_all_free()
+        assert sched.cache.free_pages == sched.cache.num_pages
+        assert [tokens[u] for u in uids] == [hf_refs.get(TINY_QWEN3, p, n) for p, n in zip(prompts, MAX_TOKENS)]
+    assert all(c == 0 for t in sched.trace for c in t.cached_lens if t.phase == "prefill")
+
+
+def test_the_composed_scheduler_reuses_a_prompt_it_served(hf_refs):
+    from minisgl.scheduler import PrefixCacheMixin
+
+    llm = build_llm(TINY_QWEN3, prefix_cache="radix", page_size=4)
+    assert PrefixCacheMixin in type(llm).__mro__ and isinstance(llm.cache, CacheManager)
+    prompt = prompt_ids(TINY_QWEN3)[4]
+    first, second = (llm.generate([prompt], SamplingParams(max_tokens=4))[0] for _ in range(2))
+    assert first.cached_tokens == 0 and second.cached_tokens == (len(prompt) - 1) // 4 * 4 > 0
+    assert first.token_ids == second.token_ids == hf_refs.get(TINY_QWEN3, prompt, 4)
+    llm.assert_all_free()
+
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

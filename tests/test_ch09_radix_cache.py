@@ -17,7 +17,7 @@ import torch
 from helpers import SHARED_PREFIX, SMOLLM2, TINY_QWEN3, build_llm, encode, prompt_ids
 from minisgl.core import SamplingParams
 from minisgl.kvcache import RadixPrefixCache
-from minisgl.scheduler.prefill import SHARED_PREFIX_WAIT
+from minisgl.scheduler.prefix import SHARED_PREFIX_WAIT
 
 CPU = torch.device("cpu")
 

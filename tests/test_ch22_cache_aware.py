@@ -33,7 +33,8 @@ from minisgl.kvcache import create_prefix_cache
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.aging import LPM_MAX_WAIT, AgedLongestPrefix
-from minisgl.scheduler.prefill import LongestPrefixMatch, PendingReq, PrefillManager, longest_prefix_first
+from minisgl.scheduler.prefill import PendingReq
+from minisgl.scheduler.prefix import LongestPrefixMatch, PrefixPrefillManager, longest_prefix_first
 from minisgl.scheduler.table import TableManager
 
 
@@ -110,7 +111,7 @@ def test_manager_admits_in_policy_order_and_keeps_the_rest_in_arrival_order():
     shared = list(range(10, 30))
     _store(cache, shared)
     queue = [_pending(0, [5, 6, 7]), _pending(1, [8, 9]), _pending(2, shared + [1]), _pending(3, shared[:10] + [2])]
-    fcfs, lpm = PrefillManager(table, cache, 8192), None
+    fcfs, lpm = PrefixPrefillManager(table, cache, 8192), None
     for p in queue:
         fcfs.add(p)
     assert [r.uid for r in fcfs.schedule_next_batch(0).reqs] == [0, 1]  # the default: arrival order
@@ -118,7 +119,7 @@ def test_manager_admits_in_policy_order_and_keeps_the_rest_in_arrival_order():
 
     table, cache = _managers(rows=2, num_pages=256)
     _store(cache, shared)
-    lpm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
+    lpm = PrefixPrefillManager(table, cache, 8192, schedule_policy="lpm")
     for p in queue:
         lpm.add(p)
     batch = lpm.schedule_next_batch(0)
@@ -132,7 +133,7 @@ def test_lpm_passes_over_a_refusal_in_its_order():
     table, cache = _managers(rows=4, num_pages=40)
     shared = list(range(10, 30))
     _store(cache, shared)
-    pm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
+    pm = PrefixPrefillManager(table, cache, 8192, schedule_policy="lpm")
     pm.add(_pending(0, [5, 6, 7], max_tokens=2))  # small, but behind the hit in lpm order
     pm.add(_pending(1, shared + [1, 2], max_tokens=30))  # hit 20, needs 31 more pages: 20 free -> refused
     batch = pm.schedule_next_batch(0)
@@ -151,7 +152,7 @@ def test_lpm_matches_no_prompt_while_no_row_is_free():
     def manager():
         table, cache = _managers(rows=2, num_pages=256)
         _store(cache, shared)
-        pm = PrefillManager(table, cache, 8192, schedule_policy="lpm")
+        pm = PrefixPrefillManager(table, cache, 8192, schedule_policy="lpm")
         for p in queue:
             pm.add(p)
         return pm
@@ -235,7 +236,7 @@ def test_bad_policy_settings_are_refused_with_a_clear_error():
             SchedulerConfig(engine=engine, schedule_policy="lpm-aged", lpm_max_wait=bad)
     table, cache = _managers()
     with pytest.raises(ValueError, match="schedule_policy"):
-        PrefillManager(table, cache, 8192, schedule_policy="LPM")
+        PrefixPrefillManager(table, cache, 8192, schedule_policy="LPM")
 
 
 def test_server_flag_reaches_the_scheduler_config(capsys):

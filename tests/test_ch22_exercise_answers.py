@@ -63,9 +63,9 @@ def test_answer_1_two_hundred_pages():
 
 
 def test_answer_3_without_the_in_batch_wait(monkeypatch: pytest.MonkeyPatch):
-    from minisgl.scheduler import prefill
+    from minisgl.scheduler import prefix
 
-    monkeypatch.setattr(prefill, "SHARED_PREFIX_WAIT", 49)
+    monkeypatch.setattr(prefix, "SHARED_PREFIX_WAIT", 49)
     trace, prefills, computed = _run("lpm", 400)
     assert (computed, len(trace)) == (480, 18)
     assert {_first_step(prefills, u) for u in (10, 11)} == {12}

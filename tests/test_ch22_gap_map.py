@@ -54,7 +54,7 @@ def test_a_missing_piece_reads_as_missing(p):
 def test_probes_find_what_is_there_and_refuse_unknown_kinds():
     assert gap.probe("field:minisgl.engine:EngineConfig.tp_size")  # a dataclass field
     assert gap.probe("field:minisgl.server.protocol:_Common.n")  # a pydantic field
-    assert gap.mentions("def longest_prefix_first") == ["minisgl/scheduler/prefill.py"]
+    assert gap.mentions("def longest_prefix_first") == ["minisgl/scheduler/prefix.py"]
     with pytest.raises(ValueError, match="unknown probe kind"):
         gap.probe("file:minisgl/core.py")
 

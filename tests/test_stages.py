@@ -178,9 +178,9 @@ def test_each_stage_composes_the_scheduler_from_the_ideas_taught_so_far():
         "from minisgl.scheduler import scheduler_extensions\n"
         "print(','.join(scheduler_extensions()))\n"
     )
-    want = {7: "", 10: "chunked_prefill", 11: "chunked_prefill,overlap",
-            13: "chunked_prefill,overlap,structured_output,logprobs",
-            16: "chunked_prefill,overlap,structured_output,logprobs,tensor_parallel"}
+    want = {7: "", 8: "prefix_cache", 10: "prefix_cache,chunked_prefill", 11: "prefix_cache,chunked_prefill,overlap",
+            13: "prefix_cache,chunked_prefill,overlap,structured_output,logprobs",
+            16: "prefix_cache,chunked_prefill,overlap,structured_output,logprobs,tensor_parallel"}
     for chapter, names in want.items():
         proc = stages.run_python(code, [str(stages.build(chapter))], timeout=120)
         assert proc.returncode == 0, proc.stderr

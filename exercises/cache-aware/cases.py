@@ -12,7 +12,7 @@ from judge.api import E2E, Obs, case, snapshot
 from minisgl.core import SamplingParams
 from minisgl.scheduler.aging import AgedLongestPrefix
 from minisgl.scheduler.chunked import ChunkedPrefillManager
-from minisgl.scheduler.prefill import LongestPrefixMatch
+from minisgl.scheduler.prefix import LongestPrefixMatch
 
 
 def _offer(obs: Obs, policy: AgedLongestPrefix, cache, queue: List, tag: str) -> List:

@@ -1,7 +1,7 @@
 """Exercise paged-alloc (chapter 4): give requests KV slots in their page-table rows, a page at a time.
 
 Write `TableManager.map_pages`. Before every forward pass the engine calls it for the batch
-(`CacheManager.allocate`), with `take_pages` handing out pages of its free list. Grade with
+(`PageAllocator.allocate`), with `take_pages` handing out pages of its free list. Grade with
 `python judge.py paged-alloc`.
 """
 

@@ -1,5 +1,6 @@
-"""Cases for prefill-adder: admission decisions on chapter 7's managers (a naive prefix cache, so
-every prompt is computed whole), scripted and random, and runs of chapter 7's scheduler."""
+"""Cases for prefill-adder: admission decisions on chapter 7's managers (a page allocator and no
+prefix cache, so every prompt is computed whole), scripted and random, and runs of chapter 7's
+scheduler."""
 
 import random
 from typing import List
@@ -12,7 +13,7 @@ from minisgl.scheduler.prefill import PrefillAdder
 
 
 def _managers(rows: int, num_pages: int, page_size: int = 1):
-    return harness.managers(rows=rows, num_pages=num_pages, page_size=page_size, prefix_cache="naive")
+    return harness.managers(rows=rows, num_pages=num_pages, page_size=page_size, prefix_cache=None)
 
 
 def _admit_queue(obs: Obs, table, cache, budget: int, reserved: int, queue: List, stop_at_refusal: bool = True) -> None:

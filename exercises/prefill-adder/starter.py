@@ -1,7 +1,7 @@
 """Exercise prefill-adder (chapter 7): admission control for one prefill batch.
 
 Write `PrefillAdder.admit`, the decision whether a waiting request joins this step's prefill
-batch. The engine calls it from `try_admit`, which does the prefix cache's part around it.
+batch. The engine calls it from `try_admit`.
 Grade with `python judge.py prefill-adder`.
 """
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from .cache import CacheManager
-from .prefill import LongestPrefixMatch, PendingReq, SchedulePolicy, register_schedule_policy
+from .prefill import PendingReq, SchedulePolicy, register_schedule_policy
+from .prefix import LongestPrefixMatch
 
 if TYPE_CHECKING:  # config lists the registered policies, so this module is imported before it
     from .config import SchedulerConfig

@@ -21,11 +21,12 @@ from typing import Any, List, Optional, Sequence
 from minisgl.core import Batch, Req
 
 from .config import SchedulerConfig
-from .prefill import PendingReq, PrefillAdder, PrefillManager
+from .prefill import PendingReq
+from .prefix import PrefixAdder, PrefixCacheMixin, PrefixPrefillManager
 from .scheduler import extends_scheduler
 
 
-class ChunkedPrefillAdder(PrefillAdder):
+class ChunkedPrefillAdder(PrefixAdder):
     def tokens_to_compute(self, rest: int) -> int:
         """As much of the rest of a prompt as the budget allows."""
         return min(rest, self.token_budget)
@@ -39,7 +40,7 @@ class ChunkedPrefillAdder(PrefillAdder):
         return req
 
 
-class ChunkedPrefillManager(PrefillManager):
+class ChunkedPrefillManager(PrefixPrefillManager):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.chunked: Optional[Req] = None  # the request whose prompt is half done, if any
@@ -92,9 +93,10 @@ class ChunkedPrefillManager(PrefillManager):
 
 
 @extends_scheduler("chunked_prefill")
-class ChunkedPrefillMixin:
+class ChunkedPrefillMixin(PrefixCacheMixin):
     """Prefill cut to the token budget, and a decode step after every step that leaves a prompt
-    half done. Put in front of `Scheduler` in a class's bases."""
+    half done. It builds on prefix reuse (a prompt's chunks start after its cached prefix), so
+    `PrefixCacheMixin` comes with it. Put in front of `Scheduler` in a class's bases."""
 
     prefill: ChunkedPrefillManager
 

@@ -1,13 +1,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 from minisgl.engine.config import EngineConfig
-from minisgl.kvcache import PREFIX_CACHES
 from minisgl.env import ENV
 
 from .prefill import SCHEDULE_POLICIES, SchedulePolicy, schedule_policy_class
+
+try:
+    from minisgl.kvcache import PREFIX_CACHES
+except ImportError:  # a package without prefix caches: its scheduler keeps nothing, as the naive cache does
+    PREFIX_CACHES = {}
+
+
+def prefix_cache_names() -> Tuple[str, ...]:
+    """The names `prefix_cache` accepts: the registered caches ("naive" alone where there are none)."""
+    return tuple(sorted(PREFIX_CACHES)) or ("naive",)
 
 
 def check_schedule_policy(schedule_policy: str, prefix_cache: str) -> None:
@@ -29,7 +38,7 @@ class SchedulerConfig:
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefix_cache: str = field(default_factory=default_prefix_cache, metadata={
-        "choices": tuple(sorted(PREFIX_CACHES)), "aliases": ("cache_type",),
+        "choices": prefix_cache_names(), "aliases": ("cache_type",),
         "help": "the prefix cache by name: radix reuses shared prompt prefixes; naive reuses nothing"})
     # None is resolved in __post_init__, to a budget suited to the device, so that one long
     # prompt never makes a step of many seconds
@@ -58,8 +67,8 @@ class SchedulerConfig:
         if self.max_extend_tokens is None:
             budget = default_extend_budget(self.engine.torch_device.type, self.offline)
             object.__setattr__(self, "max_extend_tokens", budget)
-        if self.prefix_cache not in PREFIX_CACHES:
-            raise ValueError(f"prefix_cache must be one of {', '.join(sorted(PREFIX_CACHES))}; "
+        if self.prefix_cache not in prefix_cache_names():
+            raise ValueError(f"prefix_cache must be one of {', '.join(prefix_cache_names())}; "
                              f"got {self.prefix_cache!r}")
         check_schedule_policy(self.schedule_policy, self.prefix_cache)
         wait = self.lpm_max_wait

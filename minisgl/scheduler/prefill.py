@@ -1,11 +1,10 @@
 """Admission: which waiting requests join the next prefill batch.
 
-Requests are offered in arrival order (or longest cached prefix first: see SCHEDULE_POLICIES).
-A request is admitted only if a table row is free and the KV pool can hold it to the end
-(`pages_to_finish`) on top of what running requests are already promised, so a running request
-never runs out of pages. The token budget caps one step's prefill: prompts join whole while the
-budget lasts, and the first prompt of a batch joins whatever its length. A prompt that would
-compute again a prefix another prompt of the batch is computing waits a step (`SHARED_PREFIX_WAIT`).
+Requests are offered in arrival order (or in another order: see SCHEDULE_POLICIES). A request is
+admitted only if a table row is free and the KV pool can hold it to the end (`pages_to_finish`)
+on top of what running requests are already promised, so a running request never runs out of
+pages. The token budget caps one step's prefill: prompts join whole while the budget lasts, and
+the first prompt of a batch joins whatever its length.
 
 A refused request is passed over: those behind it that fit are admitted, so a short chat is not
 held behind a request that needs more pages than are free. Two stop the walk instead. A prompt
@@ -17,15 +16,15 @@ nothing ahead of it until it fits: a large request waits for running ones to fin
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Deque, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
 from minisgl.core import Batch, BaseCacheHandle, Req, SamplingParams
-from minisgl.utils import align_up, div_ceil
+from minisgl.utils import div_ceil
 
-from .cache import CacheManager
+from .pages import PageAllocator
 from .table import TableManager
 
 
@@ -43,63 +42,25 @@ class PendingReq:
 MAX_PASSED_OVER = 8
 
 
-# A waiting prompt that shares at least this many tokens, past what the cache holds of it, with a
-# prompt admitted to the same batch waits for the next step: the scheduler caches every prompt
-# when its prefill is launched (`CacheManager.cache_prompt`), so one step later the shared part
-# is a cache hit instead of being computed twice. Chat prompts share their template this way.
-SHARED_PREFIX_WAIT = 16
-
-
-def _lead(ids: torch.Tensor) -> bytes:
-    return ids[:SHARED_PREFIX_WAIT].numpy().tobytes()
-
-
 @dataclass
 class PrefillAdder:
     """Fills one prefill batch. `token_budget` shrinks and `reserved_pages` grows as requests are
-    admitted (`spent`: the tokens admitted so far); `prompts` holds the admitted prompts (as far
-    as this step computes them), keyed by their first tokens."""
+    admitted (`spent`: the tokens admitted so far)."""
 
     token_budget: int
     reserved_pages: int
     table: TableManager
-    cache: CacheManager
-    prompts: Dict[bytes, List[torch.Tensor]] = field(default_factory=dict)
+    cache: PageAllocator
     spent: int = 0
-
-    def computes_prefix_of(self, ids: torch.Tensor, cached_len: int) -> bool:
-        """Whether a prompt admitted to this batch computes at least `SHARED_PREFIX_WAIT` tokens of
-        `ids` past `cached_len`, in whole pages (only those can be reused from the cache)."""
-        need = align_up(cached_len + SHARED_PREFIX_WAIT, self.cache.page_size)
-        if need > len(ids) - 1 or not self.cache.prefix_cache.keeps_prefixes:  # a match leaves the last token
-            return False
-        return any(len(p) >= need and torch.equal(p[:need], ids[:need]) for p in self.prompts.get(_lead(ids), ()))
-
-    def note_admitted(self, req: Req) -> None:
-        if req.device_len >= SHARED_PREFIX_WAIT:
-            ids = req.input_ids[: req.device_len]
-            self.prompts.setdefault(_lead(ids), []).append(ids)
 
     def tokens_to_compute(self, rest: int) -> int:
         """How many of a prompt's `rest` uncomputed tokens this step computes: all of them."""
         return rest
 
     def try_admit(self, pending: PendingReq) -> Optional[Req]:
-        """Admit `pending` into this batch, or return None and change nothing. Around `admit`
-        (the admission decision), the prefix cache's part: reuse the longest cached prefix, locked
-        while the request runs, and wait a step for a prefix a prompt of this batch computes."""
-        handle, indices = self.cache.match(pending.input_ids)
-        if self.computes_prefix_of(pending.input_ids, handle.cached_len):
-            return None  # next step the prefix is cached
-        self.cache.lock(handle)  # locked, the prefix's pages leave `available_pages`
-        req = self.admit(pending, handle)
-        if req is None:
-            self.cache.lock(handle, unlock=True)
-            return None
-        if handle.cached_len:
-            self.table.page_table[req.table_idx, : handle.cached_len] = indices.to(torch.int32)
-        self.note_admitted(req)
-        return req
+        """Admit `pending` into this batch, or return None and change nothing: `admit`, with none
+        of its prompt computed before (an empty prefix)."""
+        return self.admit(pending, BaseCacheHandle(0))
 
     def admit(self, pending: PendingReq, prefix: BaseCacheHandle) -> Optional[Req]:
         """Admit `pending`, whose first `prefix.cached_len` tokens already have KV, if a table row
@@ -146,7 +107,7 @@ class SchedulePolicy:
         here: the config imports this module); none, unless a policy overrides this."""
         return cls()
 
-    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+    def order(self, waiting: Sequence[PendingReq], cache: PageAllocator) -> List[PendingReq]:
         """The requests of `waiting` (in arrival order) in the order this step offers them, as a new
         list. Locks nothing, and changes neither `waiting` nor its requests."""
         raise NotImplementedError
@@ -179,37 +140,14 @@ def create_schedule_policy(name: str) -> SchedulePolicy:
 class FirstComeFirstServed(SchedulePolicy):
     summary = "fcfs: arrival order"
 
-    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
+    def order(self, waiting: Sequence[PendingReq], cache: PageAllocator) -> List[PendingReq]:
         return list(waiting)
-
-
-def longest_prefix_first(waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
-    """The waiting requests, longest cached prefix first (as `cache.match` measures what admission
-    would reuse); equal prefixes keep their order in `waiting`. Locks nothing and leaves `waiting`
-    as it is; matching may reorganise the cache's index, which changes no cached content."""
-    hits = [cache.match(p.input_ids).handle.cached_len for p in waiting]
-    order = sorted(range(len(waiting)), key=lambda i: -hits[i])  # sorted() is stable: ties by arrival
-    return [waiting[i] for i in order]
-
-
-@register_schedule_policy("lpm")
-class LongestPrefixMatch(SchedulePolicy):
-    """Longest prefix match: first the requests whose prompt the prefix cache holds the most of.
-    They cost the least to prefill, and while they run their prefix stays locked, so the requests
-    sharing it find it still cached instead of evicted by unrelated prompts. A steady stream of
-    hits can keep a request without one waiting for as long as the stream lasts."""
-
-    summary = "lpm: longest cached prefix first (needs the radix cache)"
-    orders_by_prefix = True
-
-    def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
-        return longest_prefix_first(waiting, cache) if len(waiting) > 1 else list(waiting)
 
 
 class PrefillManager:
     """The waiting queue, and the prefill batch each step admits from it."""
 
-    def __init__(self, table: TableManager, cache: CacheManager, max_extend_tokens: int,
+    def __init__(self, table: TableManager, cache: PageAllocator, max_extend_tokens: int,
                  schedule_policy: Union[str, SchedulePolicy] = "fcfs"):
         """`schedule_policy`: a policy object (this manager's own: it may keep state), or a
         registered name, for that policy with its default settings."""

@@ -15,7 +15,7 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch
@@ -23,14 +23,15 @@ import torch
 from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams, too_long
 from minisgl.engine import Engine, make_sampling_plan
 from minisgl.engine.sample import SamplerOutput, SamplingPlan
-from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import div_ceil
 
-from .cache import CacheManager
-from .config import SchedulerConfig
 from .decode import DecodeManager
+from .pages import PageAllocator
 from .prefill import PendingReq, PrefillManager
 from .table import TableManager
+
+if TYPE_CHECKING:  # config.py lists the policies registered when it is imported; prefix.py imports this module first
+    from .config import SchedulerConfig
 
 
 @dataclass
@@ -75,8 +76,7 @@ class Scheduler:
         self.eos_ids = set(self.engine.model_config.eos_token_ids)
         self.max_seq_len = self.engine.max_seq_len
         self.table = TableManager(config.engine.max_running_reqs, self.engine.page_table)
-        prefix_cache = create_prefix_cache(config.prefix_cache, self.engine.page_size, self.device)
-        self.cache = CacheManager(self.engine.num_pages, self.engine.page_size, prefix_cache, self.engine.page_table)
+        self.cache = self.make_cache()
         self.decode = DecodeManager()
         self.prefill = self.make_prefill_manager()
         self.live: Dict[int, Req] = {}  # admitted and not yet freed
@@ -84,6 +84,9 @@ class Scheduler:
         self._step = 0
         self._uids = itertools.count()
         self._seed_rng = random.Random(config.engine.seed)
+
+    def make_cache(self) -> PageAllocator:
+        return PageAllocator(self.engine.num_pages, self.engine.page_size, self.engine.page_table)
 
     def make_prefill_manager(self) -> PrefillManager:
         return PrefillManager(self.table, self.cache, self.config.max_extend_tokens, self.config.new_schedule_policy())
@@ -217,9 +220,6 @@ class Scheduler:
         self._step += 1
         sampled = [not r.is_chunk for r in batch.reqs]
         out = self.engine.forward_batch(batch, self.sampling_plan(batch))  # moves each ledger on
-        if batch.phase == "prefill":  # the next step's admissions may reuse these prompts
-            for r in batch.reqs:
-                self.cache.cache_prompt(r)
         self._store_tokens(batch, sampled, out.tokens)
         self.decode.add(r for r, s in zip(batch.reqs, sampled) if s)
         result = self.make_result(batch, sampled, out)
@@ -286,7 +286,7 @@ class Scheduler:
         self._free(req)
 
     def _free(self, req: Req) -> None:
-        """The one place a request's resources go back: pages (or cache), lock, and row."""
+        """The one place a request's resources go back: its pages and its row."""
         assert self.live.pop(req.uid, None) is req, f"request {req.uid} freed twice"
         self.cache.release(req)
         self.table.free(req.table_idx)
@@ -302,12 +302,11 @@ class Scheduler:
         self.cache.check_integrity(live)
 
     def assert_all_free(self) -> None:
-        """When idle, every row and every page not held by the prefix cache is free."""
+        """When idle, every row is free, and every page but those the page allocator keeps."""
         assert self.is_idle and not self.live, f"not idle: {len(self.live)} live requests"
         self.check_integrity()
         assert self.table.available_size == self.table.max_running_reqs
-        assert self.cache.free_pages + self.cache.prefix_cache.size // self.cache.page_size == self.cache.num_pages
-        assert self.cache.prefix_cache.protected_size == 0, "a finished request still locks a prefix"
+        assert self.cache.free_pages + len(self.cache.kept_pages()) == self.cache.num_pages
 
 
 # ---- extensions ---------------------------------------------------------------------------------

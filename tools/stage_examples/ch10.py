@@ -12,7 +12,7 @@ from minisgl.engine import EngineConfig
 from minisgl.llm import LLM
 from minisgl.scheduler import ChunkedPrefillMixin, SchedulerConfig, scheduler_extensions
 
-assert scheduler_extensions() == ["chunked_prefill"], scheduler_extensions()
+assert scheduler_extensions() == ["prefix_cache", "chunked_prefill"], scheduler_extensions()
 assert ChunkedPrefillMixin in LLM.__mro__
 path = "models/tiny-llama"
 cfg = SchedulerConfig(engine=EngineConfig(model_path=path, max_running_reqs=4, max_seq_len=128, num_pages=256),

@@ -6,7 +6,7 @@ from minisgl.engine import EngineConfig
 from minisgl.llm import LLM
 from minisgl.scheduler import OverlapMixin, SchedulerConfig, scheduler_extensions
 
-assert scheduler_extensions() == ["chunked_prefill", "overlap"], scheduler_extensions()
+assert scheduler_extensions() == ["prefix_cache", "chunked_prefill", "overlap"], scheduler_extensions()
 assert OverlapMixin in LLM.__mro__
 
 
