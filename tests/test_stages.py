@@ -110,13 +110,18 @@ torch.cuda.is_available = lambda: True
 import minisgl
 assert minisgl.__file__.startswith(stage), minisgl.__file__
 from minisgl.attention.registry import resolve_backend_name
-from minisgl.engine import Engine, EngineConfig
+from minisgl.engine import EngineConfig
 device = EngineConfig(model_path=stage).torch_device   # "auto" device: CUDA, as the machine claims
 fake_engine = types.SimpleNamespace(device=device, config=types.SimpleNamespace(use_cuda_graph=True),
                                     attn_backend=types.SimpleNamespace(supports_cuda_graph=lambda: True))
+from minisgl.engine.engine import fast_path_names
+graphs = "graph_runner" in fast_path_names()  # registered by chapter 18's graph module
+if graphs:
+    from minisgl.engine.graph import wants_cuda_graph
+    graphs = wants_cuda_graph(fake_engine)
 print(json.dumps({"device": device.type,
                   "attention": resolve_backend_name("auto", device, torch.bfloat16, 64),
-                  "graphs": Engine.wants_cuda_graph(fake_engine)}))
+                  "graphs": graphs}))
 """
 
 

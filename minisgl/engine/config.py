@@ -37,11 +37,6 @@ class EngineConfig:
     cpu_kv_budget_gb: float = field(default_factory=lambda: ENV.cpu_kv_budget_gb, metadata={
         "help": "most GiB the KV pool takes on the CPU; default: $MINISGL_CPU_KV_BUDGET_GB, else 0.5"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch, flashinfer or triton-decode"})
-    use_cuda_graph: bool = field(default_factory=lambda: not ENV.disable_cuda_graph, metadata={
-        "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless "
-                                      "MINISGL_DISABLE_CUDA_GRAPH=1"})
-    cuda_graph_max_bs: int = field(default=256, metadata={"help": "largest decode batch captured as a CUDA graph "
-                                                                  "(larger ones run eagerly)"})
     dummy_weights: bool = field(default=False, metadata={
         "aliases": ("use_dummy_weight",), "help": "random weights from the model's config.json (for speed runs; the "
                                                   "text is noise)"})

@@ -7,6 +7,12 @@ Weights are held once. Engines built in one process from the same checkpoint (sa
 config, dtype, device and rank) share one set of weight tensors (`LOADED`), so a process that
 builds several engines holds the model once; an edit to one engine's weights is seen by all of them.
 Once loaded, the model goes through the package's kernel pass where the package has one (`KERNEL_PASS`).
+
+Later chapters make the engine faster without editing it, through two seams: a *fast path*
+(`fast_path`) is another way to run a prepared batch, built once per engine on a GPU and asked
+first whether it can run each batch (else the model runs eagerly); a *GPU preparation step*
+(`prepares_gpu`) runs once on a GPU engine before it serves, after the fast paths are built.
+A package whose modules register neither runs every batch eagerly.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict, Optional, Protocol, Tuple
 
 import torch
 
@@ -32,7 +38,6 @@ from minisgl.utils.logger import get_logger
 
 from .config import EngineConfig
 from .sample import Sampler, SamplerOutput, SamplingPlan
-from .warmup import warm_up
 
 logger = get_logger(__name__)
 
@@ -73,6 +78,52 @@ def _swap_in_kernels(model: BaseOP) -> None:
         importlib.import_module(KERNEL_PASS).swap_in_kernels(model)
 
 
+class FastPath(Protocol):
+    """A way to run some prepared batches faster than the eager forward pass."""
+
+    def can_run(self, batch: Batch) -> bool: ...
+
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Logits of `batch`, `[batch.size, vocab]`, as the eager forward pass gives them."""
+        ...
+
+
+FastPathBuilder = Callable[["Engine"], Optional[FastPath]]  # None: this engine runs without it
+PrepareStep = Callable[["Engine"], object]
+# engine attribute -> (what building it does, as the start-up message says it; its builder)
+_FAST_PATHS: Dict[str, Tuple[str, FastPathBuilder]] = {}
+_GPU_STEPS: Dict[str, PrepareStep] = {}  # what the step does -> the step
+
+
+def fast_path(attribute: str, doing: str) -> Callable[[FastPathBuilder], FastPathBuilder]:
+    """Decorator: register a builder of a fast path. Every engine has `attribute` (None until built);
+    a GPU engine sets it to what the builder returns, once, after loading. Registering an attribute
+    again (a module imported afresh) replaces its builder."""
+    def register(build: FastPathBuilder) -> FastPathBuilder:
+        _FAST_PATHS[attribute] = (doing, build)
+        return build
+    return register
+
+
+def prepares_gpu(doing: str) -> Callable[[PrepareStep], PrepareStep]:
+    """Decorator: register a step a GPU engine runs once before it serves, after building its fast
+    paths, in registration order (its return value is ignored)."""
+    def register(step: PrepareStep) -> PrepareStep:
+        _GPU_STEPS[doing] = step
+        return step
+    return register
+
+
+def fast_path_names() -> Tuple[str, ...]:
+    """The engine attributes that hold the registered fast paths, in registration order."""
+    return tuple(_FAST_PATHS)
+
+
+def gpu_steps() -> Tuple[str, ...]:
+    """What the registered GPU preparation steps do, in the order they run."""
+    return tuple(_GPU_STEPS)
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -110,8 +161,9 @@ class Engine:
         self.ctx = Context(page_size=self.page_size, kv_cache=self.kv_cache, attn_backend=self.attn_backend)
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.model_config.vocab_size)
-        self.graph_runner = None
-        if self.device.type == "cuda":  # compile and capture now, not on the first requests
+        for attribute in _FAST_PATHS:
+            setattr(self, attribute, None)
+        if self.device.type == "cuda":  # prepare now, not on the first requests
             self._prepare_gpu()
 
     def _load_weights(self) -> LoadedWeights:
@@ -135,14 +187,17 @@ class Engine:
         return loaded
 
     def _prepare_gpu(self) -> None:
+        """Build the registered fast paths, then run the registered preparation steps."""
+        doing = [what for what, _ in _FAST_PATHS.values()] + list(_GPU_STEPS)
+        if not doing:
+            return
         start = time.perf_counter()
-        print("minisgl: compiling GPU kernels and capturing CUDA graphs (up to a minute or two on a fresh machine)",
-              file=sys.stderr, flush=True)
-        if self.wants_cuda_graph():
-            from .graph import GraphRunner  # imported here: an optional module (wants_cuda_graph)
-
-            self.graph_runner = GraphRunner(self, self.config.cuda_graph_max_bs)
-        warm_up(self)
+        print(f"minisgl: {' and '.join(doing)} (up to a minute or two on a fresh machine)", file=sys.stderr,
+              flush=True)
+        for attribute, (_, build) in _FAST_PATHS.items():
+            setattr(self, attribute, build(self))
+        for step in _GPU_STEPS.values():
+            step(self)
         print(f"minisgl: GPU ready in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
     def _num_pages(self, kv_heads: int, head_dim: int) -> int:
@@ -178,8 +233,9 @@ class Engine:
         # the layers read the KV pool and backend from the global context: make it this engine's,
         # so that several engines in one process (tests, notebooks) never use each other's pools
         set_global_ctx(self.ctx)
-        if self.graph_runner is not None and self.graph_runner.can_run(batch):
-            logits = self.graph_runner.run(batch)
+        fast = self.fast_path_for(batch)
+        if fast is not None:
+            logits = fast.run(batch)
         else:
             self.attn_backend.prepare_metadata(batch)
             with self.ctx.forward_batch(batch):
@@ -188,13 +244,10 @@ class Engine:
             req.complete_one()
         return self.sampler.run(logits[: batch.size], plan)
 
-    def wants_cuda_graph(self) -> bool:
-        """Capture decode steps as CUDA graphs: on CUDA, unless switched off, with a backend that
-        supports capture, and only in a package that holds the graph runner (without it every step
-        runs eagerly)."""
-        return (
-            self.device.type == "cuda"
-            and self.config.use_cuda_graph  # off by default under MINISGL_DISABLE_CUDA_GRAPH=1
-            and self.attn_backend.supports_cuda_graph()
-            and package_has("minisgl.engine.graph")
-        )
+    def fast_path_for(self, batch: Batch) -> Optional[FastPath]:
+        """The first of this engine's fast paths that can run `batch`; None: run it eagerly."""
+        for attribute in _FAST_PATHS:
+            fast = getattr(self, attribute)
+            if fast is not None and fast.can_run(batch):
+                return fast
+        return None

@@ -10,6 +10,10 @@ replays it with one launch. Graphs have fixed shapes and fixed addresses, so:
 - the attention backend re-plans a wrapper that owns fixed buffers for that size.
 
 The sampler runs after the replay, on the real rows of the logits.
+
+The runner plugs into chapter 6's engine as a fast path (`Engine.fast_path_for` asks it first),
+kept as `engine.graph_runner`; its settings (`use_cuda_graph`, `cuda_graph_max_bs`) join the
+engine's config from here (`GraphConfig`).
 """
 
 from __future__ import annotations
@@ -17,17 +21,33 @@ from __future__ import annotations
 import bisect
 import gc
 import time
-from typing import Dict, List, Protocol
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol
 
 import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.core import Batch, Context
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import fast_path
+from minisgl.env import ENV
 from minisgl.models.llama import CausalLM
 from minisgl.utils.logger import get_logger
+from minisgl.utils.settings import extends_config
 
 logger = get_logger(__name__)
+
+
+@extends_config(EngineConfig)
+@dataclass(frozen=True)
+class GraphConfig:
+    """the engine's settings for CUDA graphs"""
+
+    use_cuda_graph: bool = field(default_factory=lambda: not ENV.disable_cuda_graph, metadata={
+        "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless "
+                                      "MINISGL_DISABLE_CUDA_GRAPH=1"})
+    cuda_graph_max_bs: int = field(default=256, metadata={"help": "largest decode batch captured as a CUDA graph "
+                                                                  "(larger ones run eagerly)"})
 
 
 def graph_batch_sizes(max_bs: int) -> List[int]:
@@ -115,13 +135,28 @@ class GraphRunner:
 
 
 class GraphHost(Protocol):
-    """What a `GraphRunner` uses of the `Engine` that builds it (named here rather than imported,
-    so that the engine module imports this one and not the other way round)."""
+    """What a `GraphRunner` uses of the `Engine` that builds it."""
 
-    config: EngineConfig
+    config: EngineConfig  # the complete one: it has GraphConfig's fields too
     device: torch.device
     page_size: int
     dummy_page: int  # the page table's dummy row points here: padding requests read and write it
     attn_backend: BaseAttnBackend
     ctx: Context
     model: CausalLM
+
+
+def wants_cuda_graph(engine: GraphHost) -> bool:
+    """Capture decode steps as CUDA graphs: on CUDA, unless switched off, with a backend that
+    supports capture (otherwise every step runs eagerly)."""
+    return (
+        engine.device.type == "cuda"
+        and engine.config.use_cuda_graph  # off by default under MINISGL_DISABLE_CUDA_GRAPH=1
+        and engine.attn_backend.supports_cuda_graph()
+    )
+
+
+@fast_path("graph_runner", doing="capturing CUDA graphs")
+def capture_graphs(engine: GraphHost) -> Optional[GraphRunner]:
+    """The engine's `graph_runner`: every decode size of the ladder captured, where graphs are wanted."""
+    return GraphRunner(engine, engine.config.cuda_graph_max_bs) if wants_cuda_graph(engine) else None

@@ -1,5 +1,7 @@
 """Compile before serving: a GPU engine's first forward passes compile kernels (FlashInfer's JIT,
-Triton's), which would otherwise land on the first requests' time to first token."""
+Triton's), which would otherwise land on the first requests' time to first token. `warm_up` is one
+of the steps chapter 6's engine runs on a GPU before it serves (`prepares_gpu`), after the graph
+capture, which compiles the decode kernels."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import prepares_gpu
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.models.llama import CausalLM
 
@@ -21,7 +24,7 @@ WARMUP_PROMPT_LENS = (1, 16, 17) + (24,) * 61
 
 
 class WarmupHost(Protocol):
-    """What `warm_up` uses of the `Engine` (named here, not imported: the engine imports this module)."""
+    """What `warm_up` uses of the `Engine`."""
 
     config: EngineConfig
     device: torch.device
@@ -34,6 +37,7 @@ class WarmupHost(Protocol):
     model: CausalLM
 
 
+@prepares_gpu("compiling GPU kernels")
 def warm_up(engine: WarmupHost, prompt_lens: Sequence[int] = WARMUP_PROMPT_LENS) -> float:
     """Run one eager prefill batch (one request per length in `prompt_lens`) on the page table's
     dummy row; its KV writes go to the dummy page, which is zeroed again afterwards. Decode kernels

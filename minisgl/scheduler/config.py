@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from minisgl.engine.config import EngineConfig
+from minisgl.engine import EngineConfig
 from minisgl.env import ENV
 
 from .prefill import SCHEDULE_POLICIES, SchedulePolicy, schedule_policy_class

@@ -103,7 +103,9 @@ def _loading(args: ServerArgs) -> str:
     device = args.engine.torch_device  # resolves "auto" here, in the process that will use the device
     what = f"the scheduler to load {args.model_name} onto {device}"
     if device.type == "cuda":
-        what += ", compile its GPU kernels" + (" and capture its CUDA graphs" if args.engine.use_cuda_graph else "")
+        # a package without chapter 18's graph module has no such setting, and captures nothing
+        graphs = getattr(args.engine, "use_cuda_graph", False)
+        what += ", compile its GPU kernels" + (" and capture its CUDA graphs" if graphs else "")
     return what
 
 
