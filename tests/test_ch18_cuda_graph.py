@@ -115,7 +115,7 @@ def test_graph_replay_matches_eager_decode(tmp_path, num_reqs):
 
 @gpu
 def test_switches_turn_graphs_off(tmp_path, monkeypatch):
-    from minisgl.engine import config as config_module
+    from minisgl.engine import graph as graph_module  # declares use_cuda_graph, its default read from ENV
     from minisgl.env import EnvSwitches
     from minisgl.llm import LLM
 
@@ -123,6 +123,6 @@ def test_switches_turn_graphs_off(tmp_path, monkeypatch):
     kwargs = dict(dummy_weights=True, dtype="bfloat16", max_running_reqs=4, num_pages=1024)
     assert LLM(model, use_cuda_graph=False, **kwargs).engine.graph_runner is None
     # MINISGL_DISABLE_CUDA_GRAPH=1 changes the default; a keyword that names the setting still wins
-    monkeypatch.setattr(config_module, "ENV", EnvSwitches(disable_cuda_graph=True))
+    monkeypatch.setattr(graph_module, "ENV", EnvSwitches(disable_cuda_graph=True))
     assert LLM(model, **kwargs).engine.graph_runner is None
     assert LLM(model, use_cuda_graph=True, **kwargs).engine.graph_runner is not None
