@@ -188,7 +188,7 @@ class Engine:
 
     def _prepare_gpu(self) -> None:
         """Build the registered fast paths, then run the registered preparation steps."""
-        doing = [what for what, _ in _FAST_PATHS.values()] + list(_GPU_STEPS)
+        doing = list(_GPU_STEPS) + [what for what, _ in _FAST_PATHS.values()]
         if not doing:
             return
         start = time.perf_counter()
@@ -247,7 +247,7 @@ class Engine:
     def fast_path_for(self, batch: Batch) -> Optional[FastPath]:
         """The first of this engine's fast paths that can run `batch`; None: run it eagerly."""
         for attribute in _FAST_PATHS:
-            fast = getattr(self, attribute)
+            fast = getattr(self, attribute, None)  # None: not built (or registered after this engine was)
             if fast is not None and fast.can_run(batch):
                 return fast
         return None
