@@ -331,7 +331,7 @@ def run_cases(
             job_path = Path(tmp) / f"job-{tag}.json"
             create_new(job_path, json.dumps({
                 "exercise": exercise_id, "file": str(file) if file else None, "out": str(out_path), "repo": str(REPO_ROOT),
-                "threads": threads, "speed": speed, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
+                "threads": threads, "speed": speed, "use_cuda": use_cuda, "cases": [{"id": c.id, "key": c.key, "seed": c.seed} for c in remaining],
                 "cases_dir": str(cases_dir) if cases_dir else None, "scratch": str(run.scratch), "private": str(scratch.base()),
                 "no_access": [str(registry.STATE_DIR), *(sandbox or {}).get("no_access", [])],  # the learner's record, wherever it is
                 "confine": confine,

@@ -125,6 +125,34 @@ def _devices() -> List[Path]:
     return out
 
 
+def _open_gpu() -> None:
+    """Set up CUDA before the learner's code is confined. The driver's first call opens and
+    configures the GPU's device files in ways the confinement refuses (a confined first call fails,
+    and the code would run on the CPU); the context it leaves open keeps working afterwards. The
+    grading must run where the reference runs: without the GPU, there is no verdict."""
+    import torch
+
+    try:
+        torch.cuda.init()
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - any failure means no GPU for this grading
+        raise RuntimeError(f"the judge grades on the GPU here, but its grading process could not open it ({exc}); "
+                           "the grading did not run: check that this process can use CUDA "
+                           "(`python -c \"import torch; torch.zeros(1, device='cuda')\"`)") from exc
+
+
+def _check_gpu_kept() -> None:
+    """The GPU opened before confinement is still usable under it (else the cases would quietly run
+    on the CPU and be compared with the reference's GPU outputs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the judge grades on the GPU here, but the confined grading process cannot reach it "
+                           "(torch.cuda.is_available() is False under the sandbox); the grading did not run: "
+                           "see `python judge.py sandbox` and the README's section on the judge's sandbox")
+
+
 def _confine(job: Dict[str, Any], learner_file: str) -> None:
     """From here on, this process (the learner's code) cannot read the recorded references, git's
     objects, the judge's state, its private folder (but for this job's scratch folder) or the
@@ -165,6 +193,8 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
         why = seccomp.forbid_metadata_changes()  # chmod, utime, xattrs: what Landlock does not cover
         if why is not None:
             raise RuntimeError(f"the judge could not confine the grading process: {why}")
+    if job.get("use_cuda"):
+        _check_gpu_kept()
 
 
 def main(job_path: str) -> int:
@@ -186,6 +216,8 @@ def main(job_path: str) -> int:
     if learner_file:
         source = Path(learner_file).read_text()
         try:
+            if job.get("use_cuda"):
+                _open_gpu()
             _confine(job, learner_file)
         except RuntimeError as exc:
             _emit(out, event="fatal", kind="error", error=str(exc))

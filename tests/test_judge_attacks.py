@@ -224,6 +224,21 @@ open({str(leak)!r}, "w").write(" ".join(map(str, _reached)))
     assert leak.read_text() == ""  # not the fork server, not the judge
 
 
+def test_a_grading_on_the_gpu_never_runs_the_learners_code_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the judge grades on the GPU where it sees one, and its reference runs there; a confined worker
+    # that cannot open the GPU once ran the learner's code on the CPU, whose outputs then differed
+    # from the reference's. Here no GPU exists, so the worker's GPU cannot be opened, as it could
+    # not under the sandbox: the grading must end in an error that says so, not in a verdict
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU, to stand for a GPU the confined worker cannot open")
+    monkeypatch.setattr(sys.modules["judge.grade"], "cuda_available", lambda: True)
+    result = grade(EX, SOLUTION, seed=1, save=False)
+    assert not result.ok
+    assert "could not open it" in str(result), str(result)
+
+
 @pytest.mark.parametrize("machine", ["as it is", "without namespaces"])
 def test_namespaces_hide_processes_and_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, machine: str) -> None:
     # what the graded code sees of the machine's processes, whether it reaches the judge, whether a
