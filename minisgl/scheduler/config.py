@@ -32,11 +32,12 @@ class PolicyFlagMetadata(Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """what runs when: batching, the prefill budget, the order of admission
+    """what runs when: batching, admission, and the settings of each scheduler extension
 
     The settings every scheduler has. A later module that brings an idea with settings of its own
     adds them (`minisgl.utils.settings.extends_config`); `minisgl.scheduler.SchedulerConfig`, which
-    the front ends build, is this class with every such part."""
+    the front ends build, is this class with every such part (and this first line titles them all
+    in `--help`)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     # None is resolved in __post_init__, to a budget suited to the device, so that one long
