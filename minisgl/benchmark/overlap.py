@@ -30,6 +30,7 @@ from minisgl.core import SamplingParams
 from minisgl.env import default_model_path
 from minisgl.llm import LLM
 from minisgl.scheduler import SchedulerConfig
+from minisgl.scheduler.prefill import SCHEDULE_POLICIES
 from minisgl.utils.misc import add_config_flags, config_options
 
 from .build import build_llm, has_weights
@@ -153,9 +154,9 @@ def measure(llm: LLM, bs: int, input_len: int, steps: int, overlap: bool, seed: 
 # what this benchmark decides itself: overlap off and on is what it compares, the batch sizes
 # fix the largest batch, the graphs captured and the context length, and every prompt is fresh,
 # so the prefix cache has nothing to find (the naive one spends nothing looking; no cache, no
-# longest-prefix-first order either, nor a bound on its wait)
+# longest-prefix-first order either, nor the settings a policy reads, such as a bound on its wait)
 SET_BY_RUN = ("overlap", "max_running_reqs", "cuda_graph_max_bs", "max_seq_len", "prefix_cache", "schedule_policy",
-              "lpm_max_wait")
+              *dict.fromkeys(name for policy in SCHEDULE_POLICIES.values() for name in policy.settings))
 
 
 def run(model: str, dummy: bool, batch_sizes: Sequence[int], input_len: int, steps: int,

@@ -41,7 +41,7 @@ class LLM(*scheduler_bases()):
     def __init__(self, model_path: Optional[str | Path] = None, *, config: Optional[SchedulerConfig] = None,
                  **options: Any):
         """`options` are `EngineConfig` and `SchedulerConfig` fields by name (`page_size=4`,
-        `schedule_policy="lpm"`, `dtype=torch.bfloat16`; upstream spellings such as
+        `max_extend_tokens=512`, `dtype=torch.bfloat16`; upstream spellings such as
         `max_running_req` too); they override `config` when one is given. An unknown name raises
         `UnknownOptionError` (a TypeError) that lists the close matches."""
         if model_path is not None:

@@ -13,12 +13,26 @@ device may have computed past them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, List
 
 from minisgl.core import Batch, Req
+from minisgl.env import ENV
+from minisgl.utils.settings import extends_config
 
 from .config import SchedulerConfig
 from .scheduler import ForwardResult, extends_scheduler
+
+
+@extends_config(SchedulerConfig)
+@dataclass(frozen=True)
+class OverlapSettings:
+    """`SchedulerConfig`'s switch for overlap scheduling."""
+
+    # the one place MINISGL_DISABLE_OVERLAP decides anything: every front end builds the complete
+    # SchedulerConfig, and one that names `overlap` (a flag, a keyword) overrides the environment
+    overlap: bool = field(default_factory=lambda: not ENV.disable_overlap, metadata={
+        "help": "plan step N+1 while step N runs; default: on, unless MINISGL_DISABLE_OVERLAP=1"})
 
 
 @extends_scheduler("overlap")

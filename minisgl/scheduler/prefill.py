@@ -98,8 +98,12 @@ class SchedulePolicy:
     step (never while no table row is free), so a policy may keep state from one step to the next."""
 
     summary: ClassVar[str] = ""  # one line for `--schedule-policy`'s help
-    orders_by_prefix: ClassVar[bool] = False  # orders by prefix-cache hits: needs a cache that keeps prefixes
     settings: ClassVar[Tuple[str, ...]] = ()  # the SchedulerConfig fields `from_config` reads
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Raise ValueError if `config`, a `SchedulerConfig` being built, cannot serve this policy
+        (a setting the policy needs says otherwise); nothing to check, unless a policy overrides this."""
 
     @classmethod
     def from_config(cls, config: Any) -> SchedulePolicy:

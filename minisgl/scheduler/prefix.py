@@ -5,21 +5,24 @@ the scheduler its part: admission starts a request after the longest prefix the 
 prompt (locked while the request runs), a prompt that would compute again what a prompt of the
 same batch computes waits a step (`SHARED_PREFIX_WAIT`), and every launched prefill offers its
 prompt to the cache at once (`cache_prompt`). It also registers the `lpm` policy, which offers the
-requests with the longest cached prefix first.
+requests with the longest cached prefix first, and adds its setting to `SchedulerConfig`:
+`prefix_cache`, the cache by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from minisgl.core import Batch, Req
-from minisgl.kvcache import create_prefix_cache
+from minisgl.kvcache import PREFIX_CACHES, create_prefix_cache
 from minisgl.utils import align_up
+from minisgl.utils.settings import extends_config
 
 from .cache import CacheManager
+from .config import SchedulerConfig
 from .prefill import PendingReq, PrefillAdder, PrefillManager, SchedulePolicy, register_schedule_policy
 from .scheduler import ForwardResult, extends_scheduler
 
@@ -99,10 +102,47 @@ class LongestPrefixMatch(SchedulePolicy):
     hits can keep a request without one waiting for as long as the stream lasts."""
 
     summary = "lpm: longest cached prefix first (needs the radix cache)"
-    orders_by_prefix = True
+
+    @classmethod
+    def check_config(cls, config: SchedulerConfig) -> None:
+        """With a cache that keeps nothing every prefix hit is empty, and the order is arrival order."""
+        if not keeps_prefixes(config.prefix_cache):
+            raise ValueError(f"schedule_policy {config.schedule_policy!r} orders requests by their prefix-cache hits and "
+                             f"needs a prefix cache that keeps prefixes (prefix_cache='radix'); got {config.prefix_cache!r}")
 
     def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
         return longest_prefix_first(waiting, cache) if len(waiting) > 1 else list(waiting)
+
+
+def prefix_cache_names() -> Tuple[str, ...]:
+    """The names `prefix_cache` accepts: the registered caches."""
+    return tuple(sorted(PREFIX_CACHES))
+
+
+def keeps_prefixes(prefix_cache: str) -> bool:
+    """Whether the cache registered as `prefix_cache` keeps prefixes (False for a name not registered)."""
+    return getattr(PREFIX_CACHES.get(prefix_cache), "keeps_prefixes", False)
+
+
+def default_prefix_cache() -> str:
+    """The radix cache where the package has it (chapter 9), else the naive one."""
+    return "radix" if "radix" in PREFIX_CACHES else "naive"
+
+
+@extends_config(SchedulerConfig)
+@dataclass(frozen=True)
+class PrefixCacheSettings:
+    """`SchedulerConfig`'s setting for prefix reuse."""
+
+    prefix_cache: str = field(default_factory=default_prefix_cache, metadata={
+        "choices": prefix_cache_names(), "aliases": ("cache_type",),
+        "help": "the prefix cache by name: radix reuses shared prompt prefixes; naive reuses nothing"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the base's checks, the schedule policy's needs among them
+        if self.prefix_cache not in prefix_cache_names():
+            raise ValueError(f"prefix_cache must be one of {', '.join(prefix_cache_names())}; "
+                             f"got {self.prefix_cache!r}")
 
 
 @extends_scheduler("prefix_cache")

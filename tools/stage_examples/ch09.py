@@ -6,7 +6,7 @@ from minisgl.llm import LLM
 from minisgl.scheduler import SchedulerConfig
 
 cfg = SchedulerConfig(engine=EngineConfig(model_path="models/tiny-llama", max_running_reqs=4, max_seq_len=128,
-                                          num_pages=256), prefix_cache="radix", overlap=False)
+                                          num_pages=256), prefix_cache="radix")
 llm = LLM(config=cfg)
 prefix = list(range(10, 30))
 sp = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -16,7 +16,7 @@ assert scheduler_extensions() == ["prefix_cache", "chunked_prefill"], scheduler_
 assert ChunkedPrefillMixin in LLM.__mro__
 path = "models/tiny-llama"
 cfg = SchedulerConfig(engine=EngineConfig(model_path=path, max_running_reqs=4, max_seq_len=128, num_pages=256),
-                      prefix_cache="naive", overlap=False, max_extend_tokens=8)
+                      prefix_cache="naive", max_extend_tokens=8)
 llm = LLM(config=cfg)
 prompt = [(7 * i) % 200 + 1 for i in range(30)]
 out = llm.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True))[0]
