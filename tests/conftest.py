@@ -3,6 +3,7 @@ over pytest-xdist workers (`make test` runs `-n <cores> --dist loadfile`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -72,6 +73,14 @@ def _cuda_available() -> bool:
 # (no module fixture, nothing on disk): their tests are handed out one by one, and first.
 SPREAD_FILES = {"test_judge.py"}
 
+# Seconds each file took in a full run (setup, call and teardown of its tests summed), so the longest
+# start first and none is left running alone at the end. Only the order depends on it: a stale or
+# missing entry costs time, never a test. Rewritten by a run with MINISGL_RECORD_FILE_SECONDS=1.
+FILE_SECONDS = Path(__file__).resolve().parent / "file_seconds.json"
+RECORD_SECONDS_ENV = "MINISGL_RECORD_FILE_SECONDS"
+_UNRECORDED_ITEM_SECONDS = 1.0  # a file run since the last recording: a guess from its item count
+_recorded_seconds: dict[str, float] = {}
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
@@ -88,14 +97,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SpreadLongFiles(config, log)
 
 
+def _file_key(nodeid: str) -> str:
+    return nodeid.split("::")[0]  # tests/test_x.py, chapters/NN_x.ipynb
+
+
 def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """Whole files in the order xdist hands them out: the spread files' tests, then the files and
-    notebooks with the most items (a rough measure of their time), so no long one comes last."""
+    notebooks that took longest in the recorded run, so no long one comes last."""
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        seconds = {}
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
-        files.setdefault(str(item.fspath), []).append(item)
-    order = sorted(files.values(), key=lambda group: (Path(str(group[0].fspath)).name not in SPREAD_FILES, -len(group)))
-    return [item for group in order for item in group]
+        files.setdefault(_file_key(item.nodeid), []).append(item)
+
+    def weight(name: str) -> tuple[bool, float]:
+        guess = len(files[name]) * _UNRECORDED_ITEM_SECONDS
+        return Path(name).name not in SPREAD_FILES, -seconds.get(name, guess)
+
+    return [item for name in sorted(files, key=weight) for item in files[name]]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -109,6 +130,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get(RECORD_SECONDS_ENV) == "1":  # the controller, under xdist, sees every report
+        key = _file_key(report.nodeid)
+        _recorded_seconds[key] = _recorded_seconds.get(key, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if os.environ.get(RECORD_SECONDS_ENV) != "1" or hasattr(session.config, "workerinput") or not _recorded_seconds:
+        return
+    try:  # a run of some files updates theirs; files no longer there are dropped
+        recorded = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    recorded.update(_recorded_seconds)
+    kept = {name: round(s, 1) for name, s in sorted(recorded.items()) if (REPO_ROOT / name).is_file()}
+    FILE_SECONDS.write_text(json.dumps(kept, indent=1) + "\n")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
