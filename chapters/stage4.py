@@ -387,6 +387,16 @@ def _agreement(a, b) -> str:
     return f"{same}/{sum(len(t) for t in a)} tokens agree, {sum(ta == tb for ta, tb in zip(a, b))}/{len(a)} requests identical"
 
 
+def _eager() -> Dict[str, bool]:
+    """The setting that makes every step run eagerly: CUDA graphs off, where the package has them
+    (chapter 18 brings them with their settings; chapter 17's stage has neither)."""
+    import dataclasses
+
+    from minisgl.engine import EngineConfig
+
+    return {"use_cuda_graph": False} if "use_cuda_graph" in {f.name for f in dataclasses.fields(EngineConfig)} else {}
+
+
 def _gpu_llm(**kw):
     from book import default_model_path
     from minisgl.llm import LLM
@@ -405,7 +415,7 @@ def flashinfer_against_torch(max_tokens: int = 16) -> str:
 
     runs = {}
     for backend in ("flashinfer", "torch"):
-        llm = _gpu_llm(attention_backend=backend, use_cuda_graph=False)
+        llm = _gpu_llm(attention_backend=backend, **_eager())
         name = type(llm.engine.attn_backend).__name__
         runs[backend] = (*_generate_timed(llm, _GPU_PROMPTS, max_tokens), name)
         del llm
@@ -486,7 +496,7 @@ def backend_step_times(backend: str, batch_sizes: Sequence[int] = (1, 8, 32), pr
         model = str(default_model_path())
     max_bs, max_len = max(batch_sizes), prompt_len + decode_steps + 8
     page = options.get("page_size", EngineConfig.page_size)
-    llm = LLM(model, attention_backend=backend, use_cuda_graph=False, overlap=False, prefix_cache="naive",
+    llm = LLM(model, attention_backend=backend, **_eager(), overlap=False, prefix_cache="naive",
               max_running_reqs=max_bs, max_seq_len=max_len, num_pages=max_bs * (max_len + page) // page + 16, **options)
     try:
         if max_bs * prompt_len > llm.config.max_extend_tokens:
