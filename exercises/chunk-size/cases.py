@@ -70,7 +70,7 @@ def random_runs(obs: Obs, seed: int) -> None:
 
 
 def make_scheduler(config):
-    """Chapter 10's scheduler: chunked prefill over chapter 7's `Scheduler`, keeping each request's
+    """Chapter 10's scheduler: chunked prefill and chapter 8's prefix reuse over chapter 7's `Scheduler`, keeping each request's
     tokens and finish reason as `harness.make_scheduler`'s does."""
     from minisgl.scheduler import ChunkedPrefillMixin, Scheduler
 

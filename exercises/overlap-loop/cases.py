@@ -1,5 +1,5 @@
 """Cases for overlap-loop: token events and step traces of chapter 11's scheduler (overlap and
-chunked prefill over chapter 7's), with and without overlap, with stop tokens, aborts and results
+chunked prefill and chapter 8's prefix reuse over chapter 7's), with and without overlap, with stop tokens, aborts and results
 read before a turn while batches are in flight."""
 
 import random
@@ -10,7 +10,7 @@ from minisgl.core import SamplingParams
 
 
 def make_scheduler(config):
-    """Chapter 11's scheduler: overlap and chunked prefill over chapter 7's `Scheduler`, keeping
+    """Chapter 11's scheduler: overlap and chunked prefill and chapter 8's prefix reuse over chapter 7's `Scheduler`, keeping
     each request's tokens and finish reason as `harness.make_scheduler`'s does."""
     from minisgl.scheduler import ChunkedPrefillMixin, OverlapMixin, Scheduler
 
