@@ -21,6 +21,7 @@ which is what happens when the engine's code changes under an edit.
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,6 +32,17 @@ from .files import write_whole
 from .registry import REPO_ROOT, STATE_DIR, folder
 
 GENERATED_DIR = STATE_DIR / "generated"  # where check writes the files its workers load
+
+
+_PARSING = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+    """`ast.parse`, one thread at a time: Python 3.11's AST conversion is not thread-safe, and
+    several threads materialising variants at once failed with "AST constructor recursion depth
+    mismatch"."""
+    with _PARSING:
+        return ast.parse(source)
 
 
 class VariantError(ValueError):
@@ -82,7 +94,7 @@ def engine_source(r: Replace) -> str:
     """The engine's source text for one replaced symbol (decorators included, unindented)."""
     path = _module_path(r.module)
     lines = path.read_text().splitlines(keepends=True)
-    node = _find(ast.parse("".join(lines)), r.owner, r.attr)
+    node = _find(_parse("".join(lines)), r.owner, r.attr)
     if node is None:
         raise VariantError(f"{r.module}:{r.qualname} is not defined in {path.relative_to(REPO_ROOT)}")
     a, b = _span(lines, node)
@@ -109,7 +121,7 @@ def _free_names(source: str) -> List[str]:
     """Names a def reads that it does not bind itself (its globals, roughly)."""
     import builtins
 
-    tree = ast.parse(source)
+    tree = _parse(source)
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     bound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a}
     bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -139,14 +151,14 @@ def engine_answer(ex: Exercise) -> str:
     read imported from where the engine gets them."""
     starter = folder(ex.id) / "starter.py"
     lines = starter.read_text().splitlines(keepends=True)
-    tree = ast.parse("".join(lines))
+    tree = _parse("".join(lines))
     spans: List[Tuple[int, int, List[str]]] = []
     needs: Dict[str, str] = {}  # name -> import line
     have = _bound_at_top(tree)
     appended: List[str] = []
     for r in ex.replaces:
         src = engine_source(r)
-        engine_top = _bound_at_top(ast.parse(_module_path(r.module).read_text()))
+        engine_top = _bound_at_top(_parse(_module_path(r.module).read_text()))
         for name in _free_names(src):
             if name not in have and name in engine_top and name not in {x.attr for x in ex.replaces if not x.owner}:
                 needs.setdefault(name, _import_line(r.module, name, engine_top[name]))

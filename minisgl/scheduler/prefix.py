@@ -107,8 +107,9 @@ class LongestPrefixMatch(SchedulePolicy):
     def check_config(cls, config: SchedulerConfig) -> None:
         """With a cache that keeps nothing every prefix hit is empty, and the order is arrival order."""
         if not keeps_prefixes(config.prefix_cache):
-            raise ValueError(f"schedule_policy {config.schedule_policy!r} orders requests by their prefix-cache hits and "
-                             f"needs a prefix cache that keeps prefixes (prefix_cache='radix'); got {config.prefix_cache!r}")
+            raise ValueError(f"schedule_policy {config.schedule_policy!r} orders requests by their prefix-cache hits "
+                             "and needs a prefix cache that keeps prefixes (prefix_cache='radix'); got "
+                             f"{config.prefix_cache!r}")
 
     def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
         return longest_prefix_first(waiting, cache) if len(waiting) > 1 else list(waiting)
