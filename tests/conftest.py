@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.workbook_env import WORKBOOK
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Under pytest-xdist the cores are shared out between the workers: torch's default of one thread a
@@ -77,7 +79,6 @@ SPREAD_FILES = {"test_judge.py"}
 # start first and none is left running alone at the end. Only the order depends on it: a stale or
 # missing entry costs time, never a test. Rewritten by a run with MINISGL_RECORD_FILE_SECONDS=1.
 FILE_SECONDS = Path(__file__).resolve().parent / "file_seconds.json"
-RECORD_SECONDS_ENV = "MINISGL_RECORD_FILE_SECONDS"
 _UNRECORDED_ITEM_SECONDS = 1.0  # a file run since the last recording: a guess from its item count
 _recorded_seconds: dict[str, float] = {}
 
@@ -133,13 +134,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if os.environ.get(RECORD_SECONDS_ENV) == "1":  # the controller, under xdist, sees every report
+    if WORKBOOK.record_file_seconds:  # the controller, under xdist, sees every report
         key = _file_key(report.nodeid)
         _recorded_seconds[key] = _recorded_seconds.get(key, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if os.environ.get(RECORD_SECONDS_ENV) != "1" or hasattr(session.config, "workerinput") or not _recorded_seconds:
+    if not WORKBOOK.record_file_seconds or hasattr(session.config, "workerinput") or not _recorded_seconds:
         return
     try:  # a run of some files updates theirs; files no longer there are dropped
         recorded = json.loads(FILE_SECONDS.read_text())

@@ -37,6 +37,8 @@ class WorkbookSwitches:
     test_attention: str = field(default="torch", metadata=switch("attention backend the test suite uses"))
     test_oracle: str = field(default="", metadata=switch("'recompute': the tests recompute transformers' outputs "
                                                          "instead of reading the recorded ones"))
+    record_file_seconds: bool = field(default=False, metadata=switch("a test run rewrites tests/file_seconds.json "
+                                                                     "with the seconds each of its files took"))
 
 
 WORKBOOK = _env.read_switches(WorkbookSwitches)
