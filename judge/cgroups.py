@@ -12,6 +12,7 @@ The cap counts threads too (torch starts several): it is set well above the proc
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import secrets
@@ -68,12 +69,54 @@ def root() -> Optional[Path]:
             if own is None or not _usable(folder):
                 continue
             try:
-                if "pids" not in (folder / "cgroup.subtree_control").read_text().split():
-                    (folder / "cgroup.subtree_control").write_text("+pids")  # refused where processes sit in it
+                _delegate_pids(folder, own == "/")
                 return folder
             except OSError:
                 continue
     return None
+
+
+LEAF = "minisgl-judge-leaf"  # where a container's processes move so that its cgroup may delegate
+
+
+def _delegate_pids(folder: Path, container_root: bool) -> None:
+    """Let `folder`'s child cgroups use the pids controller (OSError where that cannot be done).
+
+    cgroup v2 hands a controller to children only while no process sits in the cgroup itself. In a
+    container whose cgroup namespace root holds its processes (Gradescope's, docker's), they move
+    into a leaf first, as container inits do. Elsewhere the judge moves nobody's processes."""
+    control = folder / "cgroup.subtree_control"
+    if "pids" in _read(control).split():
+        return
+    if "pids" not in _read(folder / "cgroup.controllers").split():
+        raise OSError(errno.ENOENT, f"the pids controller is not given to {folder}")
+    for _ in range(5):  # processes started meanwhile land in `folder` again: move them too
+        try:
+            _write(control, "+pids")
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or not container_root:
+                raise
+        _mkdir(folder / LEAF)
+        for pid in _read(folder / "cgroup.procs").split():
+            try:
+                _write(folder / LEAF / "cgroup.procs", pid)
+            except ProcessLookupError:
+                pass  # ended meanwhile
+    _write(control, "+pids")
+
+
+def _read(path: Path) -> str:
+    return path.read_text()
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as f:  # one write(2): cgroup files take one value per write
+        f.write(text)
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir(exist_ok=True)
 
 
 def available() -> bool:

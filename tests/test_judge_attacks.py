@@ -741,3 +741,51 @@ def test_the_judge_replaces_a_planted_link_instead_of_writing_through_it(tmp_pat
     assert progress.restore(before)
     assert victim.read_text() == "the judge must not write here"
     assert not progress.path().is_symlink() and progress.path().read_bytes() == before
+
+
+class _CgroupV2:
+    """A cgroup v2 folder as the kernel keeps it: `+pids` is refused while processes sit in the
+    cgroup itself (the no-internal-processes rule); a pid written to a child's procs moves there."""
+
+    def __init__(self, root: Path, procs: list) -> None:
+        self.root, self.procs = root, {root: list(procs)}
+        self.control = {root: []}
+
+    def read(self, path: Path) -> str:
+        if path.name == "cgroup.procs":
+            return "\n".join(self.procs[path.parent])
+        if path.name == "cgroup.controllers":
+            return "cpu memory pids"
+        return " ".join(self.control[path.parent])
+
+    def write(self, path: Path, text: str) -> None:
+        if path.name == "cgroup.subtree_control":
+            if self.procs[path.parent]:
+                raise OSError(16, "Device or resource busy")
+            self.control[path.parent].append(text.lstrip("+"))
+        else:  # cgroup.procs: one pid moves in
+            for procs in self.procs.values():
+                if text in procs:
+                    procs.remove(text)
+            self.procs[path.parent].append(text)
+
+    def mkdir(self, path: Path) -> None:
+        self.procs.setdefault(path, [])
+
+
+def test_in_a_container_whose_cgroup_holds_its_processes_the_judge_still_caps_forks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gradescope's and docker's containers start with every process in the namespace's root cgroup
+    fake = _CgroupV2(tmp_path, ["1", "17", "42"])
+    for name in ("read", "write", "mkdir"):
+        monkeypatch.setattr(cgroups, "_" + name, getattr(fake, name))
+    cgroups._delegate_pids(tmp_path, container_root=True)
+    assert fake.control[tmp_path] == ["pids"]
+    assert fake.procs[tmp_path] == [] and sorted(fake.procs[tmp_path / cgroups.LEAF]) == ["1", "17", "42"]
+    # outside a container's root (a systemd scope, say) the judge moves nobody's processes
+    other = _CgroupV2(tmp_path, ["1", "17"])
+    for name in ("read", "write", "mkdir"):
+        monkeypatch.setattr(cgroups, "_" + name, getattr(other, name))
+    with pytest.raises(OSError):
+        cgroups._delegate_pids(tmp_path, container_root=False)
+    assert other.procs == {tmp_path: ["1", "17"]}
