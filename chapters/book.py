@@ -101,10 +101,9 @@ def setup_chapter(n: int, quiet: bool = False) -> Path:
     # same arithmetic in the same order, and a busy machine cannot stall a thread team.
     torch.set_num_threads(_workbook_env().WORKBOOK.num_threads)  # MINISGL_NUM_THREADS
     if not quiet:
-        total, new, _ = stages.summary(n)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         weights = "" if real_weights() else f"; {default_model_path().name} has random weights: its text is gibberish"
-        print(f"minisgl as of chapter {n}: {total} files ({new} new); device: {device}{weights}")
+        print(f"{stages.headline(n)}); device: {device}{weights}")
     return stage
 
 

@@ -312,14 +312,19 @@ def summary(n: int, manifest: Optional[Manifest] = None) -> Tuple[int, int, int]
     return len(entries), len(new), sum(e.early for e in new)
 
 
+def headline(n: int, manifest: Optional[Manifest] = None) -> str:
+    """"minisgl as of chapter n: T files (N new, E brought in early", without the closing parenthesis."""
+    total, new, early = summary(n, manifest)
+    head = f"{PACKAGE} as of chapter {n}: {total} files ({new - early} new"
+    return head + (f", {early} brought in early" if early else "")
+
+
 def tree(n: int, manifest: Optional[Manifest] = None) -> str:
     """The package as of chapter n; folders with nothing new are folded to one line."""
     manifest = manifest or load_manifest()
     entries = manifest.stage(n)
-    total, new, early = summary(n, manifest)
     explained_here = [e for e in entries if e.explained_in == n and e.chapter < n]
-    head = f"{PACKAGE} as of chapter {n}: {total} files ({new - early} new"
-    head += f", {early} brought in early" if early else ""
+    head = headline(n, manifest)
     head += f", {len(explained_here)} explained here" if explained_here else ""
     lines = [head + ")", f"{PACKAGE}/"]
 
