@@ -20,8 +20,8 @@ from minisgl.attention.torch_backend import TorchAttnBackend
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine.graph import GraphRunner, graph_batch_sizes, wants_cuda_graph
 
-from test_ch17_flashinfer import (assert_matches_torch, decode_specs, flashinfer, make_batch, make_pool, make_qk, make_qkv,
-                                  rel_err, small_qwen3)
+from test_ch17_flashinfer import (assert_matches_torch, decode_specs, flashinfer, make_batch, make_pool, make_qk,
+                                  make_qkv, rel_err, small_qwen3)
 
 gpu = pytest.mark.gpu
 
