@@ -254,34 +254,35 @@ class EmulatedGraph:
 
 
 def cpu_graph_backend(engine):
-    """The engine's torch attention backend plus the CUDA-graph hooks, so `GraphRunner.run` can be
-    driven on the CPU: padding requests (beyond `batch.reqs`, up to `batch.padded_size`) read and
-    write only the page table's dummy row, exactly as the FlashInfer backend arranges on GPUs."""
+    """The engine's torch attention backend, as a class with CUDA-graph support registered
+    (`minisgl.attention.graph_support`), so `GraphRunner.run` can be driven on the CPU: padding
+    requests (beyond `batch.reqs`, up to `batch.padded_size`) read and write only the page
+    table's dummy row, exactly as FlashInfer's graph support arranges on GPUs. The torch backend
+    itself registers none: an engine never captures it."""
     from types import SimpleNamespace
 
+    from minisgl.attention.graph_support import AttnGraphSupport, graph_support, padded_rows
     from minisgl.attention.torch_backend import TorchAttnBackend
 
-    dummy_row = engine.page_table.shape[0] - 1
-
     class CpuGraphBackend(TorchAttnBackend):
-        planned: dict = {}  # padded batch size -> the metadata its graph reads (a wrapper's fixed buffers on GPUs)
+        pass
 
-        def supports_cuda_graph(self) -> bool:
-            return True
+    @graph_support(CpuGraphBackend)
+    class CpuGraphSupport(AttnGraphSupport):
+        def __init__(self, backend, max_bs, bs_list):
+            self.backend = backend
+            self.planned: dict = {}  # padded batch size -> the metadata its graph reads (fixed buffers on GPUs)
 
-        def init_capture_graph(self, max_bs, bs_list) -> None:
-            pass
-
-        def _padded(self, batch) -> None:
-            pad = [SimpleNamespace(table_idx=dummy_row, device_len=1, cached_len=0, extend_len=1)] * (batch.padded_size - batch.size)
+        def prepare_for_replay(self, batch) -> None:
+            rows, kv_lens = padded_rows(batch, self.backend.page_table.shape[0] - 1)  # the dummy row
+            pad = [SimpleNamespace(table_idx=row, device_len=n, cached_len=0, extend_len=1)
+                   for row, n in zip(rows[batch.size :], kv_lens[batch.size :])]
             reqs, batch.reqs = batch.reqs, list(batch.reqs) + pad
             try:
-                self.prepare_metadata(batch)
+                self.backend.prepare_metadata(batch)
             finally:
                 batch.reqs = reqs
             self.planned[batch.padded_size] = batch.attn_metadata
-
-        prepare_for_capture = prepare_for_replay = _padded
 
     backend = CpuGraphBackend(engine.kv_cache, engine.page_table, engine.dummy_page * engine.page_size)
     engine.attn_backend = engine.ctx.attn_backend = backend
@@ -290,20 +291,20 @@ def cpu_graph_backend(engine):
 
 def emulated_graph_runner(engine, max_bs: int):
     """A `GraphRunner` whose capture makes `EmulatedGraph`s instead of CUDA graphs; everything
-    else (batch sizes, static buffers, padding, `run`) is the engine's own code. Installed on
-    `engine`, so `engine.forward_batch` replays it for decode batches."""
+    else (batch sizes, static buffers, the backend's graph support, padding, `run`) is the
+    engine's own code. Installed on `engine`, so `engine.forward_batch` replays it for decode
+    batches."""
     from minisgl.engine.graph import GraphRunner
 
     class EmulatedGraphRunner(GraphRunner):
         def _capture_all(self) -> None:
             engine, ctx = self.engine, self.engine.ctx
-            engine.attn_backend.init_capture_graph(self.max_bs, self.bs_list)
             for bs in reversed(self.bs_list):
                 batch = self._static_batch(bs)
-                engine.attn_backend.prepare_for_capture(batch)
+                self.attn_support.prepare_for_capture(batch)
 
                 def forward(batch=batch, bs=bs):
-                    batch.attn_metadata = engine.attn_backend.planned[bs]  # re-planned before each replay
+                    batch.attn_metadata = self.attn_support.planned[bs]  # re-planned before each replay
                     with ctx.forward_batch(batch):
                         return engine.model.forward()
 

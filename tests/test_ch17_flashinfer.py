@@ -2,8 +2,8 @@
 construction on the CPU, and so is which backend "auto" picks; on a GPU the backend is checked
 against the PyTorch backend through the attention interface (`forward` with a real qk-norm and
 RoPE: prefill with and without a cached prefix, decode of every batch size the engine routes
-differently, a decode replayed from a captured CUDA graph; page sizes 1 and 16), the chapter's
-claim about which kernel decodes is checked against the backends, and the engine's logits are
+differently; page sizes 1 and 16), the chapter's claim about which kernel decodes (eager, and
+through chapter 18's graph support) is checked against the backends, and the engine's logits are
 checked end to end."""
 
 from __future__ import annotations
@@ -205,82 +205,25 @@ def test_decode_matches_torch_backend(page_size, bs):
     assert_matches_torch(want, got)
 
 
-def graph_against_torch(make: Callable, specs, padded: int, page_size: int, d: int = 128, qk_norm: bool = True):
-    """One layer's decode captured in a CUDA graph for `padded` requests (while every row is padding,
-    as the engine captures), then replayed for the batch `specs` padded to that size; with the
-    torch backend's eager result for the same batch. Returns (want, got, the replay's metadata) as
-    `against_torch` does, the pools without the dummy page (padding writes there)."""
-    from minisgl.attention.torch_backend import TorchAttnBackend
-
-    torch.manual_seed(1)
-    bs = len(specs)
-    assert bs <= padded
-    kv, table = make_pool(specs, page_size, d, layers=1, rows=padded)  # a row for each request a graph can hold
-    batch = make_batch(kv, table, specs, "decode")
-    q, k, v = make_qkv(bs, d)
-    qk = make_qk(d, qk_norm)
-    start = kv.buffer.clone()
-    ref = TorchAttnBackend(kv, table)
-    ref.prepare_metadata(batch)
-    want = (ref.forward(q, k, v, 0, batch, qk), kv.buffer[:, :, page_size:].clone())
-    kv.buffer.copy_(start)
-
-    backend = make(kv, table)
-    assert backend.supports_cuda_graph()
-    backend.init_capture_graph(padded, sorted({1, padded}))
-    # the graph's static inputs, as `GraphRunner` keeps them: padding rows read and write the dummy page
-    sq, sk, sv = make_qkv(padded, d)
-    positions = torch.zeros(padded, dtype=torch.int64, device="cuda")
-    out_loc = torch.zeros(padded, dtype=torch.int64, device="cuda")  # slot 0: the dummy page
-    static = Batch([], "decode", positions=positions, out_loc=out_loc, padded_size=padded)
-    backend.prepare_for_capture(static)
-    backend.forward(sq, sk, sv, 0, static, qk)  # warm-up: compiles, allocates outside the graph
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = backend.forward(sq, sk, sv, 0, static, qk)
-    kv.buffer.copy_(start)
-    for s, t in ((sq, q), (sk, k), (sv, v)):
-        s[:bs].copy_(t)
-    positions[:bs].copy_(batch.positions)
-    out_loc[:bs].copy_(batch.out_loc)
-    batch.padded_size = padded
-    backend.prepare_for_replay(batch)
-    graph.replay()
-    torch.cuda.synchronize()
-    got = (static_out[:bs].clone(), kv.buffer[:, :, page_size:].clone())
-    return want, got, batch.attn_metadata
-
-
-@gpu
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("bs, padded", [(1, 1), (5, 8), (60, 64)])
-def test_decode_replayed_from_a_cuda_graph_matches_torch_backend(page_size, bs, padded):
-    """The wrapper for a captured batch size owns fixed buffers; re-planned for a new batch before the
-    replay, the graph attends to that batch's keys, its padding requests to the dummy page."""
-    want, got, meta = graph_against_torch(flashinfer, decode_specs(bs), padded, page_size)
-    assert type(meta.wrapper).__name__ == "BatchDecodeWithPagedKVCacheWrapper"
-    assert_matches_torch(want, got)
-
-
 # ---- which kernel decodes: the chapter's claim against the backends (GPU) ------------------------
 def _decode_routes(make, d: int, max_bs: int = 160) -> dict:
     """For every decode batch size up to `max_bs`, eager and as a graph replay (padded to the engine's
     ladder of captured sizes): the metadata's type and its wrapper's, if it has one."""
+    from minisgl.attention.graph_support import graph_support_for
     from minisgl.engine.graph import graph_batch_sizes
 
     kv, table = make_pool(decode_specs(max_bs), 16, d, layers=1)
     batch = make_batch(kv, table, decode_specs(max_bs), "decode")
     backend = make(kv, table)
     ladder = graph_batch_sizes(max_bs)
-    backend.init_capture_graph(max_bs, ladder)
+    support = graph_support_for(backend)(backend, max_bs, ladder)  # chapter 18's fixed buffers
     routes = {}
     for bs in range(1, max_bs + 1):
         sub = Batch(batch.reqs[:bs], "decode", positions=batch.positions[:bs], out_loc=batch.out_loc[:bs], padded_size=bs)
         backend.prepare_metadata(sub)
         eager = sub.attn_metadata
         sub.padded_size = min(size for size in ladder if size >= bs)
-        backend.prepare_for_replay(sub)
+        support.prepare_for_replay(sub)
         for how, meta in (("eager", eager), ("graph", sub.attn_metadata)):
             wrapper = getattr(meta, "wrapper", None)
             routes[bs, how] = (type(meta).__name__, type(wrapper).__name__ if wrapper is not None else None)

@@ -1,18 +1,27 @@
-"""Chapter 18: CUDA graphs for decode. The batch-size ladder and padding rule are checked on the
-CPU; on a GPU, replayed graphs (with padding requests) must give the logits an eager decode
-gives, and the switches must turn graphs off."""
+"""Chapter 18: CUDA graphs for decode. The batch-size ladder and padding rule, and which backends
+register graph support, are checked on the CPU; on a GPU, one layer's decode replayed from a graph
+(FlashInfer's fixed buffers, padding requests included) must match the torch backend, replayed
+engine steps must give the logits an eager decode gives, and the switches must turn graphs off."""
 
 from __future__ import annotations
 
 import random
+import types
+from typing import Callable
 
 import pytest
 import torch
 
-from minisgl.core import SamplingParams
-from minisgl.engine.graph import GraphRunner, graph_batch_sizes
+from minisgl.attention import graph_support
+from minisgl.attention.flashinfer_backend import FlashInferAttnBackend
+from minisgl.attention.flashinfer_graphs import FlashInferGraphSupport
+from minisgl.attention.graph_support import AttnGraphSupport, graph_support_for, padded_rows
+from minisgl.attention.torch_backend import TorchAttnBackend
+from minisgl.core import Batch, SamplingParams
+from minisgl.engine.graph import GraphRunner, graph_batch_sizes, wants_cuda_graph
 
-from test_ch17_flashinfer import rel_err, small_qwen3
+from test_ch17_flashinfer import (assert_matches_torch, decode_specs, flashinfer, make_batch, make_pool, make_qk,
+                                  make_qkv, rel_err, small_qwen3)
 
 gpu = pytest.mark.gpu
 
@@ -39,6 +48,63 @@ def test_the_chapters_padding_figures():
     share = {b: pad[b] / (b + pad[b]) for b in pad}
     assert (pad[9], pad[17]) == (7, 7) and max(pad[b] for b in range(9, 257)) == 7
     assert max(share[b] for b in range(65, 257)) < 0.10 <= max(share[b] for b in range(57, 65))
+
+
+# ---- which backends are captured: graph support per backend class (CPU) ------------------------
+def _unbuilt(cls):
+    """An instance of a backend class without its constructor (which needs a GPU for FlashInfer)."""
+    return object.__new__(cls)
+
+
+def test_graph_support_is_looked_up_along_the_backends_class():
+    from minisgl.attention.triton_decode_backend import TritonDecodeAttnBackend, triton_decode_graph_support
+
+    class LikeFlashInfer(FlashInferAttnBackend):  # registers nothing of its own
+        pass
+
+    assert graph_support_for(_unbuilt(TorchAttnBackend)) is None  # the torch backend is never captured
+    assert graph_support_for(_unbuilt(FlashInferAttnBackend)) is FlashInferGraphSupport
+    assert graph_support_for(_unbuilt(LikeFlashInfer)) is FlashInferGraphSupport
+    assert graph_support_for(_unbuilt(TritonDecodeAttnBackend)) is triton_decode_graph_support
+
+
+def test_a_registered_backend_is_captured_and_one_without_is_not(monkeypatch):
+    monkeypatch.setattr(graph_support, "_SUPPORT", dict(graph_support._SUPPORT))  # registrations stay in this test
+
+    class Capturable(TorchAttnBackend):
+        pass
+
+    @graph_support.graph_support(Capturable)
+    class Support(AttnGraphSupport):
+        def __init__(self, backend, max_bs, bs_list):
+            self.sizes = (max_bs, bs_list)
+
+        def prepare_for_replay(self, batch) -> None:
+            pass
+
+    def engine(cls):
+        return types.SimpleNamespace(device=torch.device("cuda"), config=types.SimpleNamespace(use_cuda_graph=True),
+                                     attn_backend=_unbuilt(cls))
+
+    assert wants_cuda_graph(engine(Capturable)) and not wants_cuda_graph(engine(TorchAttnBackend))
+    made = graph_support_for(_unbuilt(Capturable))(None, 8, [1, 2, 4, 8])
+    assert isinstance(made, Support) and made.sizes == (8, [1, 2, 4, 8])
+
+
+def test_a_runner_refuses_a_backend_without_graph_support():
+    host = types.SimpleNamespace(config=types.SimpleNamespace(max_running_reqs=4), device=torch.device("cpu"),
+                                 dummy_page=0, page_size=1, attn_backend=_unbuilt(TorchAttnBackend))
+    with pytest.raises(ValueError, match="registers no CUDA-graph support.*use_cuda_graph=False"):
+        GraphRunner(host, 4)
+
+
+def test_padding_requests_read_one_key_on_the_dummy_row():
+    reqs = [types.SimpleNamespace(table_idx=3, device_len=40), types.SimpleNamespace(table_idx=0, device_len=7)]
+    batch = types.SimpleNamespace(reqs=reqs, size=2, padded_size=4)
+    assert padded_rows(batch, dummy_row=9) == ([3, 0, 9, 9], [40, 7, 1, 1])
+    batch.padded_size = 1
+    with pytest.raises(ValueError, match="below the batch size 2"):
+        padded_rows(batch, dummy_row=9)
 
 
 def test_a_decode_step_dispatches_as_many_operators_at_any_batch_size(models_dir):
@@ -71,6 +137,66 @@ def test_a_decode_step_dispatches_as_many_operators_at_any_batch_size(models_dir
         llm.generate([[1 + i, 2, 3] for i in range(bs)], SamplingParams(max_tokens=2, ignore_eos=True))
     assert set(counts) == {1, 4, 8} and len(set(counts.values())) == 1, counts
 
+
+# ---- one layer replayed from a graph (GPU) ------------------------------------------------------
+def graph_against_torch(make: Callable, specs, padded: int, page_size: int, d: int = 128, qk_norm: bool = True):
+    """One layer's decode captured in a CUDA graph for `padded` requests (while every row is padding,
+    as the engine captures), then replayed for the batch `specs` padded to that size; with the
+    torch backend's eager result for the same batch. Returns (want, got, the replay's metadata) as
+    `against_torch` does, the pools without the dummy page (padding writes there)."""
+    from minisgl.attention.torch_backend import TorchAttnBackend
+
+    torch.manual_seed(1)
+    bs = len(specs)
+    assert bs <= padded
+    kv, table = make_pool(specs, page_size, d, layers=1, rows=padded)  # a row for each request a graph can hold
+    batch = make_batch(kv, table, specs, "decode")
+    q, k, v = make_qkv(bs, d)
+    qk = make_qk(d, qk_norm)
+    start = kv.buffer.clone()
+    ref = TorchAttnBackend(kv, table)
+    ref.prepare_metadata(batch)
+    want = (ref.forward(q, k, v, 0, batch, qk), kv.buffer[:, :, page_size:].clone())
+    kv.buffer.copy_(start)
+
+    backend = make(kv, table)
+    support = graph_support_for(backend)(backend, padded, sorted({1, padded}))
+    # the graph's static inputs, as `GraphRunner` keeps them: padding rows read and write the dummy page
+    sq, sk, sv = make_qkv(padded, d)
+    positions = torch.zeros(padded, dtype=torch.int64, device="cuda")
+    out_loc = torch.zeros(padded, dtype=torch.int64, device="cuda")  # slot 0: the dummy page
+    static = Batch([], "decode", positions=positions, out_loc=out_loc, padded_size=padded)
+    support.prepare_for_capture(static)
+    backend.forward(sq, sk, sv, 0, static, qk)  # warm-up: compiles, allocates outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = backend.forward(sq, sk, sv, 0, static, qk)
+    kv.buffer.copy_(start)
+    for s, t in ((sq, q), (sk, k), (sv, v)):
+        s[:bs].copy_(t)
+    positions[:bs].copy_(batch.positions)
+    out_loc[:bs].copy_(batch.out_loc)
+    batch.padded_size = padded
+    support.prepare_for_replay(batch)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = (static_out[:bs].clone(), kv.buffer[:, :, page_size:].clone())
+    return want, got, batch.attn_metadata
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("bs, padded", [(1, 1), (5, 8), (60, 64)])
+def test_decode_replayed_from_a_cuda_graph_matches_torch_backend(page_size, bs, padded):
+    """FlashInfer's graph support: the wrapper for a captured batch size owns fixed buffers; re-planned for a new batch before the
+    replay, the graph attends to that batch's keys, its padding requests to the dummy page."""
+    want, got, meta = graph_against_torch(flashinfer, decode_specs(bs), padded, page_size)
+    assert type(meta.wrapper).__name__ == "BatchDecodeWithPagedKVCacheWrapper"
+    assert_matches_torch(want, got)
+
+
+# ---- through the engine (GPU) -------------------------------------------------------------------
 
 def _decode_logits(model: str, use_graph: bool, prompts, max_tokens: int):
     """Every step's logits and tokens; greedy, so both runs see the same inputs while tokens agree."""

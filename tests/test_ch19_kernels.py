@@ -27,7 +27,8 @@ from minisgl.layers.linear import LinearColParallelMerged, LinearRowParallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
-from test_ch17_flashinfer import HQ, HKV, against_torch, assert_matches_torch, decode_specs, graph_against_torch, PREFILL_SPECS
+from test_ch17_flashinfer import HQ, HKV, against_torch, assert_matches_torch, decode_specs, PREFILL_SPECS
+from test_ch18_cuda_graph import graph_against_torch
 
 gpu = pytest.mark.gpu
 

@@ -98,7 +98,7 @@ def test_stage_example_runs(chapter):
 # like a GPU machine with FlashInfer installed: `torch.cuda.is_available` reports True and the
 # `flashinfer` distribution is found. Nothing is allocated on a device, so this runs on the CPU.
 _PRETEND_GPU = r"""
-import importlib.util, json, sys, types
+import importlib, importlib.util, json, sys, types
 import torch
 stage = sys.argv[1]
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
@@ -112,15 +112,20 @@ assert minisgl.__file__.startswith(stage), minisgl.__file__
 from minisgl.attention.registry import resolve_backend_name
 from minisgl.engine import EngineConfig
 device = EngineConfig(model_path=stage).torch_device   # "auto" device: CUDA, as the machine claims
-fake_engine = types.SimpleNamespace(device=device, config=types.SimpleNamespace(use_cuda_graph=True),
-                                    attn_backend=types.SimpleNamespace(supports_cuda_graph=lambda: True))
+attention = resolve_backend_name("auto", device, torch.bfloat16, 64)
 from minisgl.engine.engine import fast_path_names
 graphs = "graph_runner" in fast_path_names()  # registered by chapter 18's graph module
-if graphs:
+if graphs:  # with a backend of the class "auto" chose (never built: no device memory here)
+    from minisgl.attention.registry import FLASHINFER_MODULE, TRITON_DECODE_MODULE
     from minisgl.engine.graph import wants_cuda_graph
+    module, name = {"flashinfer": (FLASHINFER_MODULE, "FlashInferAttnBackend"),
+                    "triton-decode": (TRITON_DECODE_MODULE, "TritonDecodeAttnBackend")}[attention]
+    backend_cls = getattr(importlib.import_module(module), name)
+    fake_engine = types.SimpleNamespace(device=device, config=types.SimpleNamespace(use_cuda_graph=True),
+                                        attn_backend=object.__new__(backend_cls))
     graphs = wants_cuda_graph(fake_engine)
 print(json.dumps({"device": device.type,
-                  "attention": resolve_backend_name("auto", device, torch.bfloat16, 64),
+                  "attention": attention,
                   "graphs": graphs}))
 """
 

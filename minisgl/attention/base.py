@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,16 +39,3 @@ class BaseAttnBackend(ABC):
 
         q: `[tokens, q_heads, head_dim]`, rotated. Returns `[tokens, q_heads, head_dim]`.
         """
-
-    # CUDA-graph hooks; a backend that cannot be captured keeps these defaults.
-    def supports_cuda_graph(self) -> bool:
-        return False
-
-    def init_capture_graph(self, max_bs: int, bs_list: List[int]) -> None:
-        raise NotImplementedError
-
-    def prepare_for_capture(self, batch: "Batch") -> None:
-        raise NotImplementedError
-
-    def prepare_for_replay(self, batch: "Batch") -> None:
-        raise NotImplementedError

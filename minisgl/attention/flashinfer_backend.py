@@ -8,15 +8,14 @@ extend of a cached prefix or a prompt chunk) uses the causal mask aligned to the
 request's keys; decode has one query per request.
 
 A wrapper is *planned* once per batch on the host (FlashInfer decides how to split the work)
-and then *run* once per layer. Decode wrappers for CUDA graphs own fixed buffers, one wrapper
-per captured batch size, and are re-planned before every replay.
+and then *run* once per layer.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
@@ -78,7 +77,6 @@ class FlashInferAttnBackend(BaseAttnBackend):
         if problem is not None:  # the same rule "auto" applies before choosing this backend
             raise ValueError(f"the FlashInfer backend cannot run here: {problem}; use attention_backend='auto' or "
                              "'torch'")
-        self._fi = flashinfer
         self.kv_cache = kv_cache
         self.page_table = page_table  # [rows + 1 dummy, max_seq_len] slot of each position
         self.device = page_table.device
@@ -97,7 +95,6 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
-        self._graph_wrappers: Dict[int, object] = {}
         # plan() stages its schedule in a pinned host buffer and copies it asynchronously; the
         # next plan must not overwrite that buffer before the copy has run on the GPU
         self._plan_copied = torch.cuda.Event()
@@ -119,7 +116,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         gather_page_indices(self.page_table, dev[2 * bs + 1 + gap :], dev[: bs + 1], ps, total, max_pages, out=indices)
         return PageLayout(host[: bs + 1], host[bs + 1 : 2 * bs + 1], indices, total)
 
-    def _plan_decode(self, wrapper, rows: List[int], kv_lens: List[int]) -> FlashInferMetadata:
+    def plan_decode(self, wrapper, rows: List[int], kv_lens: List[int]) -> FlashInferMetadata:
+        """Plan a decode `wrapper` for the requests on page-table `rows`, with `kv_lens` keys each."""
         layout = self._layout(rows, kv_lens)
         self._plan_copied.synchronize()
         wrapper.plan(
@@ -161,7 +159,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: "Batch") -> None:
         if batch.is_decode:
             rows, kv_lens = [r.table_idx for r in batch.reqs], [r.device_len for r in batch.reqs]
-            batch.attn_metadata = self._plan_decode(self.decode_wrapper, rows, kv_lens)
+            batch.attn_metadata = self.plan_decode(self.decode_wrapper, rows, kv_lens)
         else:
             batch.attn_metadata = self._plan_prefill(batch)
 
@@ -169,40 +167,3 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: "Batch") -> torch.Tensor:
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         return batch.attn_metadata.wrapper.run(q.contiguous(), self._paged[layer_id])
-
-    # ---- CUDA graphs -------------------------------------------------------------------------
-    def supports_cuda_graph(self) -> bool:
-        return True
-
-    def init_capture_graph(self, max_bs: int, bs_list: List[int]) -> None:
-        """Fixed buffers shared by one decode wrapper per captured batch size."""
-        self._cg_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
-        self._cg_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
-        # every real page at most once, plus one dummy page per padding request
-        self._cg_indices = torch.zeros(self.kv_cache.num_pages + max_bs, dtype=torch.int32, device=self.device)
-        self._graph_wrappers = {bs: self._graph_wrapper(bs) for bs in bs_list}
-
-    def _graph_wrapper(self, bs: int):
-        return self._fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            paged_kv_indptr_buffer=self._cg_indptr[: bs + 1],
-            paged_kv_indices_buffer=self._cg_indices,
-            paged_kv_last_page_len_buffer=self._cg_last_page_len[:bs],
-        )
-
-    def padded_rows(self, batch: "Batch") -> Tuple[List[int], List[int]]:
-        """Rows and key counts of a graph's batch, its padding requests reading the dummy row."""
-        pad = batch.padded_size - batch.size
-        assert pad >= 0, f"padded size {batch.padded_size} below batch size {batch.size}"
-        rows = [r.table_idx for r in batch.reqs] + [self.dummy_row] * pad
-        kv_lens = [r.device_len for r in batch.reqs] + [1] * pad  # a padding request sees its own slot
-        return rows, kv_lens
-
-    def prepare_for_capture(self, batch: "Batch") -> None:
-        self.prepare_for_replay(batch)
-
-    def prepare_for_replay(self, batch: "Batch") -> None:
-        rows, kv_lens = self.padded_rows(batch)
-        batch.attn_metadata = self._plan_decode(self._graph_wrappers[batch.padded_size], rows, kv_lens)

@@ -22,6 +22,8 @@ from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnMetadata
 from .flashinfer_backend import FlashInferAttnBackend
+from .flashinfer_graphs import FlashInferGraphSupport
+from .graph_support import AttnGraphSupport, graph_support, padded_rows
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -134,18 +136,30 @@ class TritonDecodeAttnBackend(FlashInferAttnBackend):
         return decode_attention(q, k_flat, v_flat, self.page_table, meta.rows, meta.kv_lens, self._scratch, meta.splits,
                                 tile=meta.tile, rope=rope, order=meta.order)
 
-    # ---- CUDA graphs -------------------------------------------------------------------------
-    def init_capture_graph(self, max_bs: int, bs_list: List[int]) -> None:
-        if not self.triton_decodes:
-            return super().init_capture_graph(max_bs, bs_list)
-        self._cg_decode = torch.zeros(3 * -(-max_bs // 4) * 4, dtype=torch.int32, device=self.device)
-
-    def prepare_for_replay(self, batch: "Batch") -> None:
-        if not self.triton_decodes:
-            return super().prepare_for_replay(batch)
-        batch.attn_metadata = self._decode_metadata(*self.padded_rows(batch), out=self._cg_decode)
-
 
 def _norm_weights(qk: "QKNormRope"):
     """The qk-norm as the fused kernels take it: (q weight, k weight, eps), or None."""
     return None if qk.q_norm is None else (qk.q_norm.weight, qk.k_norm.weight, qk.q_norm.eps)
+
+
+# ---- CUDA graphs (chapter 18's seam) ------------------------------------------------------------
+class TritonDecodeGraphSupport(AttnGraphSupport):
+    """The kernel's decode metadata (rows, key counts, entry order) planned into one fixed buffer,
+    long enough for the largest captured batch, before each replay."""
+
+    def __init__(self, backend: TritonDecodeAttnBackend, max_bs: int):
+        self.backend = backend
+        self.decode = torch.zeros(3 * -(-max_bs // 4) * 4, dtype=torch.int32, device=backend.device)
+
+    def prepare_for_replay(self, batch: "Batch") -> None:
+        rows, kv_lens = padded_rows(batch, self.backend.dummy_row)
+        batch.attn_metadata = self.backend._decode_metadata(rows, kv_lens, out=self.decode)
+
+
+@graph_support(TritonDecodeAttnBackend)
+def triton_decode_graph_support(backend: TritonDecodeAttnBackend, max_bs: int,
+                                bs_list: List[int]) -> AttnGraphSupport:
+    """The kernel's buffer where it decodes; FlashInfer's wrappers where FlashInfer decodes."""
+    if not backend.triton_decodes:
+        return FlashInferGraphSupport(backend, max_bs, bs_list)
+    return TritonDecodeGraphSupport(backend, max_bs)

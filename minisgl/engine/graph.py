@@ -7,7 +7,9 @@ replays it with one launch. Graphs have fixed shapes and fixed addresses, so:
 - inputs (token ids, positions, KV slots) are copied into static buffers before each replay;
 - a batch is padded up to the next captured size with dummy requests that use the page
   table's dummy row, so they read and write only the dummy page;
-- the attention backend re-plans a wrapper that owns fixed buffers for that size.
+- the attention backend's metadata is planned into fixed buffers for that size, by the graph
+  support registered for its class (`minisgl.attention.graph_support`); a backend without one is
+  not captured.
 
 The sampler runs after the replay, on the real rows of the logits.
 
@@ -27,6 +29,7 @@ from typing import Dict, List, Optional, Protocol
 import torch
 
 from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.graph_support import graph_support_for
 from minisgl.core import Batch, Context
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import fast_path
@@ -73,6 +76,12 @@ class GraphRunner:
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: Dict[int, torch.Tensor] = {}
         start = time.perf_counter()
+        make_support = graph_support_for(engine.attn_backend)
+        if make_support is None:
+            raise ValueError(f"the {type(engine.attn_backend).__name__} attention backend registers no CUDA-graph "
+                             "support (minisgl.attention.graph_support): run it with use_cuda_graph=False")
+        # the backend's fixed buffers for every captured size: what its captured kernels read
+        self.attn_support = make_support(engine.attn_backend, self.max_bs, self.bs_list)
         self._capture_all()
         logger.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.graphs), self.bs_list,
                     time.perf_counter() - start)
@@ -83,8 +92,7 @@ class GraphRunner:
 
     def _capture_all(self) -> None:
         engine = self.engine
-        backend, ctx = engine.attn_backend, engine.ctx
-        backend.init_capture_graph(self.max_bs, self.bs_list)
+        ctx = engine.ctx
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=engine.device)
         # A garbage collection during a capture may free an old object that owns a CUDA event or
@@ -97,7 +105,7 @@ class GraphRunner:
             # largest first: smaller graphs then fit in the memory the larger one left in the pool
             for bs in reversed(self.bs_list):
                 batch = self._static_batch(bs)
-                backend.prepare_for_capture(batch)
+                self.attn_support.prepare_for_capture(batch)
                 with ctx.forward_batch(batch):
                     engine.model.forward()  # warm-up: compiles kernels, allocates outside the graph
                 torch.cuda.synchronize(engine.device)
@@ -129,7 +137,7 @@ class GraphRunner:
             # rows past the batch may hold an earlier batch's slots: point them at the dummy page
             self.out_loc[bs:pad].fill_(self.dummy_slot)
             self.positions[bs:pad].zero_()
-        self.engine.attn_backend.prepare_for_replay(batch)
+        self.attn_support.prepare_for_replay(batch)
         self.graphs[pad].replay()
         return self.logits[pad][:bs]
 
@@ -148,11 +156,11 @@ class GraphHost(Protocol):
 
 def wants_cuda_graph(engine: GraphHost) -> bool:
     """Capture decode steps as CUDA graphs: on CUDA, unless switched off, with a backend that
-    supports capture (otherwise every step runs eagerly)."""
+    registers graph support (otherwise every step runs eagerly)."""
     return (
         engine.device.type == "cuda"
         and engine.config.use_cuda_graph  # off by default under MINISGL_DISABLE_CUDA_GRAPH=1
-        and engine.attn_backend.supports_cuda_graph()
+        and graph_support_for(engine.attn_backend) is not None
     )
 
 
