@@ -1,6 +1,6 @@
 """Log-probabilities: each chosen token's, and the most likely alternatives at its position.
 
-A request asks with `SamplingParams.logprobs = k >= 0`, a field this module adds. The sampling
+A request asks with `SamplingParams.logprobs = k >= 0` (the field `LogprobParams` adds). The sampling
 plan asks the sampler for the most alternatives any row wants; the sampler computes them on the
 device with the tokens; `launch` starts their copy to the host beside the tokens', and
 `take_token` files the chosen token's log-probability and the top k (id, log-probability) pairs
@@ -14,28 +14,14 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams, is_int
+from minisgl.core import Batch, Req
 from minisgl.engine import SamplerOutput, SamplingPlan
-from minisgl.utils.settings import extends_in_place
+from minisgl.tokenizer.logprobs import LogprobParams
 
 from .config import SchedulerConfig
 from .scheduler import ForwardResult, extends_scheduler, to_host
 
-MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's limit)
-TokenLogprob = Tuple[float, Tuple[Tuple[int, float], ...]]  # (its logprob, top (id, logprob) pairs)
-
-
-@extends_in_place(SamplingParams)
-@dataclass(frozen=True)
-class LogprobParams:
-    """What a request sets to get log-probabilities back."""
-
-    logprobs: int = -1  # -1: off; k >= 0: the chosen token's logprob and the top k alternatives
-
-    def __post_init__(self) -> None:
-        if not is_int(self.logprobs) or not -1 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be -1 (off) or an integer in [0, {MAX_LOGPROBS}], got "
-                                      f"{self.logprobs!r}")
+LogprobEntry = Tuple[float, Tuple[Tuple[int, float], ...]]  # (its logprob, top (id, logprob) pairs)
 
 
 @dataclass
@@ -59,7 +45,7 @@ class LogprobMixin:
     def __init__(self, config: SchedulerConfig, *args: Any, **kwargs: Any):
         super().__init__(config, *args, **kwargs)
         # per live request that asked: one entry per output token, in order
-        self.token_logprobs: Dict[int, List[TokenLogprob]] = {}
+        self.token_logprobs: Dict[int, List[LogprobEntry]] = {}
 
     def served_params(self) -> Set[type]:
         return super().served_params() | {LogprobParams}

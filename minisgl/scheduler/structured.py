@@ -1,7 +1,7 @@
 """Structured output: requests whose text must be JSON, constrained token by token.
 
-A request asks with `SamplingParams.json_mode` (and `json_schema`), fields this module adds. A
-JSON request gets a grammar (compiled once per schema, `minisgl.engine.grammar`) and a matcher
+A request asks with `SamplingParams.json_mode` (and `json_schema`), the fields `JsonParams` adds
+(`minisgl.engine.grammar`). A JSON request gets a grammar (compiled once per schema, `minisgl.engine.grammar`) and a matcher
 that follows its output. Before each step the matchers fill a bitmask of the tokens each row may
 take next, and the sampler masks every other token out, so the output is valid JSON by
 construction. The mask for position N+1 needs token N on the host: while a JSON request runs,
@@ -10,51 +10,16 @@ every launched batch is read before the next is planned (overlap pauses).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Set
 
 import torch
 
-from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams
-from minisgl.engine.grammar import GrammarManager
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine.grammar import GrammarManager, JsonParams
 from minisgl.engine.sample import SamplingPlan
-from minisgl.utils.settings import extends_in_place
 
 from .config import SchedulerConfig
 from .scheduler import extends_scheduler
-
-JSON_MODES = ("off", "object", "schema")
-
-
-@extends_in_place(SamplingParams)
-@dataclass(frozen=True)
-class JsonParams:
-    """What a request sets to have its output constrained to JSON: to an object ("object") or to
-    `json_schema` ("schema")."""
-
-    json_mode: str = "off"  # "off" | "object" | "schema"
-    json_schema: str = ""  # the schema as JSON text, when json_mode == "schema"
-
-    def __post_init__(self) -> None:  # runs on a `SamplingParams`: its own fields are there too
-        if self.json_mode not in JSON_MODES:
-            raise InvalidRequestError(f"json_mode must be one of {JSON_MODES}, got {self.json_mode!r}")
-        if (self.json_mode == "schema") != bool(self.json_schema):
-            raise InvalidRequestError("json_schema must be given exactly when json_mode is 'schema'")
-        if self.json_mode == "schema":
-            try:
-                schema = json.loads(self.json_schema)
-            except (TypeError, ValueError) as e:
-                raise InvalidRequestError(f"json_schema is not valid JSON: {e}") from None
-            if not isinstance(schema, (dict, bool)):
-                raise InvalidRequestError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        if self.json_mode != "off" and self.ignore_eos:
-            raise InvalidRequestError("ignore_eos cannot be combined with json_mode: the grammar ends the output when "
-                                      "the JSON is complete")
-        if self.json_mode != "off" and self.min_tokens:
-            raise InvalidRequestError("min_tokens cannot be combined with json_mode: the grammar decides where the "
-                                      "output ends")
-
 
 @extends_scheduler("structured_output")
 class StructuredOutputMixin:
