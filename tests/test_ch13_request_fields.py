@@ -102,7 +102,7 @@ def test_sampling_params_gets_chapter_13s_fields_from_chapter_13s_modules():
     import minisgl.scheduler  # noqa: F401  (the complete package, as every front end imports it)
     from minisgl import core
     from minisgl.engine.grammar import JsonParams
-    from minisgl.tokenizer.logprobs import LogprobParams
+    from minisgl.engine.logprobs import LogprobParams
     from minisgl.utils.settings import config_parts
 
     assert set(config_parts(core.SamplingParams)) == {JsonParams, LogprobParams}

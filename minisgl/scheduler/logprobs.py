@@ -16,7 +16,7 @@ import torch
 
 from minisgl.core import Batch, Req
 from minisgl.engine import SamplerOutput, SamplingPlan
-from minisgl.tokenizer.logprobs import LogprobParams
+from minisgl.engine.logprobs import LogprobParams
 
 from .config import SchedulerConfig
 from .scheduler import ForwardResult, extends_scheduler, to_host

@@ -5,37 +5,15 @@ decoding such a token alone gives U+FFFD. The bytes are exact either way -- reco
 token's piece through the byte-level alphabet (GPT-2's map of the 256 bytes onto printable
 characters) or from a ``<0xNN>`` byte-fallback token -- and a token that is not valid UTF-8 on its
 own is named by its bytes, ``bytes:\\xe4\\xbd``, as OpenAI does.
-
-The request field that asks for log-probabilities, `SamplingParams.logprobs`, is declared here too
-(`LogprobParams`): the worker reads it first, and the scheduler's `LogprobMixin` serves it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from minisgl.core import InvalidRequestError, SamplingParams, is_int
 from minisgl.message import TokenLogprob
-from minisgl.utils.settings import extends_in_place
-
-MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's limit)
-
-
-@extends_in_place(SamplingParams)
-@dataclass(frozen=True)
-class LogprobParams:
-    """What a request sets to get log-probabilities back."""
-
-    logprobs: int = -1  # -1: off; k >= 0: the chosen token's logprob and the top k alternatives
-
-    def __post_init__(self) -> None:
-        if not is_int(self.logprobs) or not -1 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be -1 (off) or an integer in [0, {MAX_LOGPROBS}], got "
-                                      f"{self.logprobs!r}")
-
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
