@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Literal, Optional, Tuple
+from typing import Iterator, List, Literal, Optional
 
 import torch
 
@@ -25,11 +24,8 @@ def too_long(n: int, max_tokens: int, limit: int, why: str) -> str:
     return f"{head}: shorten the prompt and lower max_tokens so that together they are at most {limit}"
 
 
-JSON_MODES = ("off", "object", "schema")
-MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's limit)
-
-
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """An integer, and not a bool (which Python counts as one)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -48,9 +44,11 @@ class SamplingParams:
     one, for every token already in the prompt or the output), `frequency_penalty` and
     `presence_penalty` as in OpenAI (subtract `count * frequency + (count > 0) * presence`, over
     the output's tokens), `logit_bias` added per token id. `min_p` keeps tokens whose probability
-    is at least `min_p` times the most likely one's. `logprobs >= 0` returns each chosen token's
-    log-probability and the `logprobs` most likely alternatives. `json_mode` constrains the output
-    to a JSON object ("object") or to `json_schema` ("schema").
+    is at least `min_p` times the most likely one's.
+
+    A later module whose feature a request may ask for adds its fields to this class
+    (`minisgl.utils.settings.extends_in_place`); a scheduler without that feature refuses a
+    request that sets them.
     """
 
     max_tokens: int = 16
@@ -65,13 +63,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1: off
     min_p: float = 0.0  # 0: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
-    logprobs: int = -1  # -1: off; k >= 0: the chosen token's logprob and the top k alternatives
     min_tokens: int = 0  # end-of-sequence and stop tokens are masked until this many are out
-    json_mode: str = "off"  # "off" | "object" | "schema"
-    json_schema: str = ""  # the schema as JSON text, when json_mode == "schema"
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
+        if not is_int(self.max_tokens) or self.max_tokens <= 0:
             raise InvalidRequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
@@ -79,9 +74,9 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**64):
             raise InvalidRequestError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
-        if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be a tuple of token ids (integers >= 0), got "
                                       f"{self.stop_token_ids!r}")
         _in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
@@ -92,13 +87,9 @@ class SamplingParams:
                                       f"{self.repetition_penalty!r}")
         _in_range("min_p", self.min_p, 0.0, 1.0)
         self._check_logit_bias()
-        if not _is_int(self.logprobs) or not -1 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be -1 (off) or an integer in [0, {MAX_LOGPROBS}], got "
-                                      f"{self.logprobs!r}")
         # min_tokens <= max_tokens is checked by the scheduler, once max_tokens is final
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
             raise InvalidRequestError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
-        self._check_json()
 
     def _check_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, tuple):
@@ -106,31 +97,12 @@ class SamplingParams:
                                       f"{type(self.logit_bias).__name__}")
         seen = set()
         for pair in self.logit_bias:
-            if not (isinstance(pair, tuple) and len(pair) == 2 and _is_int(pair[0]) and pair[0] >= 0):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and is_int(pair[0]) and pair[0] >= 0):
                 raise InvalidRequestError(f"logit_bias entries must be (token_id >= 0, bias) pairs, got {pair!r}")
             _in_range(f"logit_bias for token {pair[0]}", pair[1], -100.0, 100.0)
             if pair[0] in seen:
                 raise InvalidRequestError(f"logit_bias names token {pair[0]} twice: give each token one bias")
             seen.add(pair[0])
-
-    def _check_json(self) -> None:
-        if self.json_mode not in JSON_MODES:
-            raise InvalidRequestError(f"json_mode must be one of {JSON_MODES}, got {self.json_mode!r}")
-        if (self.json_mode == "schema") != bool(self.json_schema):
-            raise InvalidRequestError("json_schema must be given exactly when json_mode is 'schema'")
-        if self.json_mode == "schema":
-            try:
-                schema = json.loads(self.json_schema)
-            except (TypeError, ValueError) as e:
-                raise InvalidRequestError(f"json_schema is not valid JSON: {e}") from None
-            if not isinstance(schema, (dict, bool)):
-                raise InvalidRequestError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        if self.json_mode != "off" and self.ignore_eos:
-            raise InvalidRequestError("ignore_eos cannot be combined with json_mode: the grammar ends the output when "
-                                      "the JSON is complete")
-        if self.json_mode != "off" and self.min_tokens:
-            raise InvalidRequestError("min_tokens cannot be combined with json_mode: the grammar decides where the "
-                                      "output ends")
 
     @property
     def is_greedy(self) -> bool:
@@ -166,8 +138,6 @@ class Req:
     seed: int = 0  # per-request sampling seed (derived from the params, or drawn at admission)
     finished: bool = False
     finish_reason: Optional[str] = None
-    # with sampling_params.logprobs >= 0: per output token, (its logprob, top (id, logprob) pairs)
-    token_logprobs: List[Tuple[float, Tuple[Tuple[int, float], ...]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.input_ids.device.type == "cpu" and self.input_ids.dim() == 1
@@ -223,11 +193,6 @@ class Req:
         n = self.input_ids.shape[0]
         self._ids_np[n] = next_token
         self.input_ids = self._ids[: n + 1]
-
-    def append_logprobs(self, logprob: float, top: Tuple[Tuple[int, float], ...]) -> None:
-        """The log-probabilities of the token just appended (requests that asked for them)."""
-        assert len(self.token_logprobs) == len(self.output_ids) - 1, f"req {self.uid}: logprobs out of step with tokens"
-        self.token_logprobs.append((logprob, top))
 
     def __repr__(self) -> str:
         return (

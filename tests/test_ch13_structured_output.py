@@ -40,6 +40,8 @@ for kw in ({"logprobs": 2}, {"json_mode": "object"}):
         print("served", len(out.logprobs))
     except InvalidRequestError as e:
         print("refused", e)
+    except TypeError as e:  # before chapter 13 a request cannot even ask
+        print("no such field", next(k for k in kw if k in str(e)))
 """
 
 
@@ -49,10 +51,30 @@ def test_a_scheduler_without_the_mixins_refuses_what_it_cannot_honour(chapter):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()[-2:]
     if chapter == 12:
-        assert lines == ["refused this engine cannot honour logprobs: leave it unset",
-                         "refused this engine cannot honour json_mode: leave it unset"]
+        assert lines == ["no such field logprobs", "no such field json_mode"]
     else:
         assert lines == ["served 2", "served 0"]
+
+
+@pytest.mark.parametrize("kw, refused", [
+    ({"logprobs": 2}, "this engine cannot honour logprobs: leave it unset"),
+    ({"json_mode": "object"}, "this engine cannot honour json_mode: leave it unset"),
+    ({"json_mode": "schema", "json_schema": '{"type": "object"}'},
+     "this engine cannot honour json_mode, json_schema: leave them unset"),
+])
+def test_chapter_7s_scheduler_refuses_the_fields_of_chapter_13_that_the_composed_one_serves(llm, kw, refused):
+    """One `SamplingParams` class: chapter 7's `Scheduler` alone names none of these fields, yet
+    refuses every one that no mixin of it serves, while the composed scheduler (`LLM`) runs them."""
+    from minisgl.scheduler import Scheduler
+
+    plain = Scheduler(llm.config)
+    with pytest.raises(InvalidRequestError) as e:
+        plain.add_request(PROMPTS[0], SP(max_tokens=2, **kw))
+    assert str(e.value) == refused
+    assert plain.is_idle and not plain.live
+    out = llm.generate([PROMPTS[0]], SP(max_tokens=2, **kw))[0]
+    assert len(out.token_ids) >= 1 and len(out.logprobs) == (len(out.token_ids) if "logprobs" in kw else 0)
+    assert SP(max_tokens=2).logprobs == -1 and SP(max_tokens=2).json_mode == "off"  # defaults: nothing asked
 
 
 def test_logprobs_are_the_models_log_softmax(llm):

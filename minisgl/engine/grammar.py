@@ -38,6 +38,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 import torch
 
 from minisgl.core import InvalidRequestError, Req, SamplingParams
+from minisgl.utils.settings import extends_in_place
 from minisgl.utils.tokenizer import has_tokenizer, load_tokenizer
 
 from .grammar_child import CompileChild, CompileStopped, Key, compile_schema
@@ -46,6 +47,36 @@ from .grammar_child import CompileChild, CompileStopped, Key, compile_schema
 ANY_OBJECT = json.dumps({"type": "object"})
 CACHE_BYTES = 256 * 1024 * 1024  # compiled grammars kept for repeats, by what they hold in memory
 LANES = 2  # schemas compiled at once, each in its own process: a slow one leaves the others a lane
+JSON_MODES = ("off", "object", "schema")  # what a request's json_mode may be
+
+
+@extends_in_place(SamplingParams)
+@dataclass(frozen=True)
+class JsonParams:
+    """What a request sets to have its output constrained to JSON: to an object ("object") or to
+    `json_schema` ("schema")."""
+
+    json_mode: str = "off"  # "off" | "object" | "schema"
+    json_schema: str = ""  # the schema as JSON text, when json_mode == "schema"
+
+    def __post_init__(self) -> None:  # runs on a `SamplingParams`: its own fields are there too
+        if self.json_mode not in JSON_MODES:
+            raise InvalidRequestError(f"json_mode must be one of {JSON_MODES}, got {self.json_mode!r}")
+        if (self.json_mode == "schema") != bool(self.json_schema):
+            raise InvalidRequestError("json_schema must be given exactly when json_mode is 'schema'")
+        if self.json_mode == "schema":
+            try:
+                schema = json.loads(self.json_schema)
+            except (TypeError, ValueError) as e:
+                raise InvalidRequestError(f"json_schema is not valid JSON: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise InvalidRequestError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        if self.json_mode != "off" and self.ignore_eos:
+            raise InvalidRequestError("ignore_eos cannot be combined with json_mode: the grammar ends the output when "
+                                      "the JSON is complete")
+        if self.json_mode != "off" and self.min_tokens:
+            raise InvalidRequestError("min_tokens cannot be combined with json_mode: the grammar decides where the "
+                                      "output ends")
 
 
 def grammar_key(params: SamplingParams) -> Key:

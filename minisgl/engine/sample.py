@@ -68,10 +68,9 @@ def make_sampling_plan(
     penalties count from; `bitmask` the grammar's (host, `[bs, words]` int32) or None."""
     sampling = make_sampling_args(reqs, vocab_size, device)
     logits = make_logits_args(reqs, device, history, eos_ids, bitmask)
-    top = max(r.sampling_params.logprobs for r in reqs)
-    if sampling is None and logits is None and top < 0:
+    if sampling is None and logits is None:
         return None
-    return SamplingPlan(sampling, logits, top)
+    return SamplingPlan(sampling, logits)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +104,7 @@ class SamplingPlan:
 
     sampling: Optional[BatchSamplingArgs]  # the draw; None: every row is greedy
     logits: Optional[LogitsArgs] = None  # penalties, biases and masks; None: logits used as they are
-    top_logprobs: int = -1  # the most alternatives a row asked for; -1: no row wants logprobs
+    top_logprobs: int = -1  # the most alternatives a row asked for (set by the scheduler); -1: none asked
 
 
 @dataclass

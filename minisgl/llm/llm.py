@@ -25,8 +25,9 @@ class RequestOutput:
     text: str = ""
     finish_reason: Optional[str] = None
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    # with SamplingParams.logprobs >= 0, one entry per token: its log-probability, and the most
-    # likely (token id, log-probability) pairs at that position, most likely first
+    # for a request that asked for log-probabilities (a scheduler that computes them reports them,
+    # `token_details`), one entry per token: its log-probability, and the most likely (token id,
+    # log-probability) pairs at that position, most likely first
     logprobs: List[float] = field(default_factory=list)
     top_logprobs: List[Tuple[Tuple[int, float], ...]] = field(default_factory=list)
 
@@ -115,10 +116,10 @@ class LLM(*scheduler_bases()):
             if not out.token_ids:
                 out.cached_tokens = req.reused_len
             out.token_ids.append(token)
-            if req.token_logprobs:
-                logprob, top = req.token_logprobs[-1]
-                out.logprobs.append(logprob)
-                out.top_logprobs.append(top)
+            details = self.token_details(req)
+            if "logprob" in details:
+                out.logprobs.append(details["logprob"])
+                out.top_logprobs.append(details["top_logprobs"])
         out.finish_reason = finish_reason
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:

@@ -44,7 +44,8 @@ class SchedulerIO(*scheduler_bases()):
     # ---- results out: collected during a step, sent after it ---------------------------------
     def on_token(self, req: Req, token: Optional[int], finish_reason: Optional[str]) -> None:
         self.aborted += finish_reason == "abort"
-        self.outbox.append(DetokenizeMsg(req.uid, token, finish_reason, *_logprobs_of(req, token)))
+        details = self.token_details(req) if token is not None else {}
+        self.outbox.append(DetokenizeMsg(req.uid, token, finish_reason, **details))
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:
         self.aborted += reason == "abort"
@@ -163,7 +164,3 @@ class SchedulerIO(*scheduler_bases()):
         finally:
             self.shutdown()  # the other tensor-parallel ranks, if any
 
-
-def _logprobs_of(req: Req, token: Optional[int]) -> tuple:
-    """(logprob, top logprobs) of the token just generated, if the request asked; else ()."""
-    return req.token_logprobs[-1] if token is not None and req.token_logprobs else ()

@@ -1,20 +1,27 @@
 """Log-probabilities: each chosen token's, and the most likely alternatives at its position.
 
-A request asks with `SamplingParams.logprobs = k >= 0`. The sampler computes them on the device
-with the tokens; `launch` starts their copy to the host beside the tokens', and `take_token`
-files the chosen token's log-probability and the top k (id, log-probability) pairs in the
-request's ledger (`Req.token_logprobs`), where the front ends read them.
+A request asks with `SamplingParams.logprobs = k >= 0` (the field `LogprobParams` adds). The sampling
+plan asks the sampler for the most alternatives any row wants; the sampler computes them on the
+device with the tokens; `launch` starts their copy to the host beside the tokens', and
+`take_token` files the chosen token's log-probability and the top k (id, log-probability) pairs
+under the request (`token_logprobs`), from where `token_details` hands the latest to the front ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from minisgl.core import Batch, SamplingParams
-from minisgl.engine import SamplerOutput
+import torch
 
+from minisgl.core import Batch, Req
+from minisgl.engine import SamplerOutput, SamplingPlan
+from minisgl.engine.logprobs import LogprobParams
+
+from .config import SchedulerConfig
 from .scheduler import ForwardResult, extends_scheduler, to_host
+
+LogprobEntry = Tuple[float, Tuple[Tuple[int, float], ...]]  # (its logprob, top (id, logprob) pairs)
 
 
 @dataclass
@@ -35,8 +42,20 @@ class LogprobResult(ForwardResult):
 class LogprobMixin:
     """Returns log-probabilities to the requests that ask. Put in front of `Scheduler`."""
 
-    def unserved(self, params: SamplingParams) -> List[str]:
-        return [name for name in super().unserved(params) if name != "logprobs"]
+    def __init__(self, config: SchedulerConfig, *args: Any, **kwargs: Any):
+        super().__init__(config, *args, **kwargs)
+        # per live request that asked: one entry per output token, in order
+        self.token_logprobs: Dict[int, List[LogprobEntry]] = {}
+
+    def served_params(self) -> Set[type]:
+        return super().served_params() | {LogprobParams}
+
+    def sampling_plan(self, batch: Batch, bitmask: Optional[torch.Tensor] = None) -> Optional[SamplingPlan]:
+        plan = super().sampling_plan(batch, bitmask)
+        top = max(r.sampling_params.logprobs for r in batch.reqs)
+        if top < 0:
+            return plan
+        return SamplingPlan(None, top_logprobs=top) if plan is None else replace(plan, top_logprobs=top)
 
     def make_result(self, batch: Batch, sampled: List[bool], out: SamplerOutput) -> ForwardResult:
         base = super().make_result(batch, sampled, out)
@@ -51,4 +70,17 @@ class LogprobMixin:
         k = req.sampling_params.logprobs
         if isinstance(result, LogprobResult) and k >= 0:
             chosen, top_ids, top_logprobs = result.logprob_lists()
-            req.append_logprobs(chosen[i], tuple(zip(top_ids[i], top_logprobs[i]))[:k])
+            kept = self.token_logprobs.setdefault(req.uid, [])
+            assert len(kept) == len(req.output_ids) - 1, f"req {req.uid}: logprobs out of step with tokens"
+            kept.append((chosen[i], tuple(zip(top_ids[i], top_logprobs[i]))[:k]))
+
+    def token_details(self, req: Req) -> Dict[str, Any]:
+        details = super().token_details(req)
+        kept = self.token_logprobs.get(req.uid)
+        if kept:
+            details["logprob"], details["top_logprobs"] = kept[-1]
+        return details
+
+    def _free(self, req: Req) -> None:
+        super()._free(req)
+        self.token_logprobs.pop(req.uid, None)

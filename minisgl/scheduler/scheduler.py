@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from minisgl.core import Batch, InvalidRequestError, Req, SamplingParams, too_lo
 from minisgl.engine import Engine, make_sampling_plan
 from minisgl.engine.sample import SamplerOutput, SamplingPlan
 from minisgl.utils import div_ceil
+from minisgl.utils.settings import config_parts
 
 from .decode import DecodeManager
 from .pages import PageAllocator
@@ -135,10 +136,17 @@ class Scheduler:
                                                f"the KV pool holds {pool_tokens} tokens"))
 
     def unserved(self, params: SamplingParams) -> List[str]:
-        """The fields `params` sets that this scheduler cannot honour (the mixins that can take
-        theirs out), so that no request runs with a wish silently dropped."""
-        asked = {"json_mode": params.json_mode != "off", "logprobs": params.logprobs >= 0}
-        return [name for name, on in asked.items() if on]
+        """The fields `params` sets that this scheduler cannot honour, so that no request runs with
+        a wish silently dropped: those a later module added to `SamplingParams` (a part, see
+        `extends_in_place`) that no mixin of this scheduler serves."""
+        served = self.served_params()
+        return [f.name for part in config_parts(SamplingParams) if part not in served
+                for f in fields(part) if getattr(params, f.name) != _default(f)]
+
+    def served_params(self) -> Set[type]:
+        """The parts of `SamplingParams` this scheduler honours: none here; the mixin that serves
+        a part adds it."""
+        return set()
 
     def add_request(self, input_ids: Sequence[int] | torch.Tensor, params: SamplingParams,
                     uid: Optional[int] = None) -> int:
@@ -166,6 +174,11 @@ class Scheduler:
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:
         """Called when a request ends before it was admitted (aborted while waiting)."""
+
+    def token_details(self, req: Req) -> Dict[str, Any]:
+        """What the scheduler computed about the token `req` received last besides its id, by name,
+        for `on_token` to pass on: nothing here; a mixin that computes more adds it."""
+        return {}
 
     # ---- schedule and prepare ---------------------------------------------------------------
     def schedule_next_batch(self) -> Optional[Batch]:
@@ -307,6 +320,10 @@ class Scheduler:
         self.check_integrity()
         assert self.table.available_size == self.table.max_running_reqs
         assert self.cache.free_pages + len(self.cache.kept_pages()) == self.cache.num_pages
+
+
+def _default(f: Any) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default
 
 
 # ---- extensions ---------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Structured output: requests whose text must be JSON, constrained token by token.
 
-A JSON request gets a grammar (compiled once per schema, `minisgl.engine.grammar`) and a matcher
+A request asks with `SamplingParams.json_mode` (and `json_schema`), the fields `JsonParams` adds
+(`minisgl.engine.grammar`). A JSON request gets a grammar (compiled once per schema, `minisgl.engine.grammar`) and a matcher
 that follows its output. Before each step the matchers fill a bitmask of the tokens each row may
 take next, and the sampler masks every other token out, so the output is valid JSON by
 construction. The mask for position N+1 needs token N on the host: while a JSON request runs,
@@ -9,21 +10,20 @@ every launched batch is read before the next is planned (overlap pauses).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence, Set
 
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.engine.grammar import GrammarManager
+from minisgl.engine.grammar import GrammarManager, JsonParams
 from minisgl.engine.sample import SamplingPlan
 
 from .config import SchedulerConfig
 from .scheduler import extends_scheduler
 
-
 @extends_scheduler("structured_output")
 class StructuredOutputMixin:
-    """JSON-constrained requests (`SamplingParams.json_mode`). Put in front of `Scheduler`."""
+    """JSON-constrained requests (`JsonParams`). Put in front of `Scheduler`."""
 
     def __init__(self, config: SchedulerConfig, *args: Any, **kwargs: Any):
         super().__init__(config, *args, **kwargs)
@@ -35,8 +35,8 @@ class StructuredOutputMixin:
                 self.process_results(older)
         super().step()
 
-    def unserved(self, params: SamplingParams) -> List[str]:
-        return [name for name in super().unserved(params) if name != "json_mode"]
+    def served_params(self) -> Set[type]:
+        return super().served_params() | {JsonParams}
 
     def validate(self, input_ids: Sequence[int], params: SamplingParams) -> None:
         super().validate(input_ids, params)
