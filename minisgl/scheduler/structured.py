@@ -1,8 +1,8 @@
 """Structured output: requests whose text must be JSON, constrained token by token.
 
-A request asks with `SamplingParams.json_mode` (and `json_schema`), the fields `JsonParams` adds
-(`minisgl.engine.grammar`). A JSON request gets a grammar (compiled once per schema, `minisgl.engine.grammar`) and a matcher
-that follows its output. Before each step the matchers fill a bitmask of the tokens each row may
+A request asks with `SamplingParams.json_mode` (and `json_schema`), the fields that `JsonParams`
+in `minisgl.engine.grammar` adds. A JSON request gets a grammar (compiled there, once per schema)
+and a matcher that follows its output. Before each step the matchers fill a bitmask of the tokens each row may
 take next, and the sampler masks every other token out, so the output is valid JSON by
 construction. The mask for position N+1 needs token N on the host: while a JSON request runs,
 every launched batch is read before the next is planned (overlap pauses).
