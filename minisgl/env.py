@@ -1,11 +1,14 @@
-"""Every environment variable minisgl reads, declared once with its meaning, and read only here.
+"""How minisgl reads environment variables: each declared once, with its meaning, as a field of a
+frozen dataclass of switches, and read only through `declare_switches` here.
 
 A variable is `MINISGL_<FIELD>` (the field's name in capitals) unless its metadata names it
-otherwise; its type is the type of its default. They are read once, when this module is first
-imported, into the frozen `ENV`. A variable only ever chooses a *default*: a flag or keyword
-argument that names the same setting wins (see `SchedulerConfig.overlap`). This module imports
-nothing from minisgl, so the workbook around the engine declares its own variables with the same
-machinery (`switch`, `read_switches`).
+otherwise; its type is the type of its default. `EnvSwitches` holds the engine-wide ones, read
+into `ENV` when this module is first imported; a module whose feature a switch turns off declares
+that switch itself, next to the code it steers, so the switch arrives with the feature.
+`declared_switches()` lists every class of switches declared by the modules imported so far. A
+variable only ever chooses a *default*: a flag or keyword argument that names the same setting
+wins. This module imports nothing from minisgl, so the workbook around the engine declares its
+own variables with the same machinery (`switch`, `read_switches`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional, Type, TypeVar
+from typing import Any, Dict, List, Mapping, Optional, Type, TypeVar
 
 # the checkout: models/ lives here (a staged build of the package links its own models/ to it)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -29,25 +32,10 @@ def switch(meaning: str, name: str = "") -> dict:
 
 @dataclass(frozen=True)
 class EnvSwitches:
-    # the engine (the default is the fast path)
-    disable_overlap: bool = field(default=False, metadata=switch(
-        "plan step N+1 while step N runs is off unless a front end asks for it"))
-    disable_cuda_graph: bool = field(default=False, metadata=switch(
-        "decode steps run eagerly unless a front end asks for CUDA graphs"))
     check_integrity: bool = field(default=False, metadata=switch(
         "check every table row and KV page after each scheduler step (slow)"))
-    disable_kernels: bool = field(default=False, metadata=switch(
-        "no Triton kernel on a GPU: the kernel pass leaves the layers plain PyTorch, backends run the "
-        "plain sequence"))
-    disable_onednn: bool = field(default=False, metadata=switch(
-        "float32 projections on the CPU through F.linear (MKL), not oneDNN: no second copy of the "
-        "weights, transformers' rounding"))
-    triton_interpret: bool = field(default=False, metadata=switch(
-        "Triton's own interpreter: the kernels then run on CPU tensors too", "TRITON_INTERPRET"))
     model: str = field(default="", metadata=switch(
         "model directory used when none is given (default: the bundled SmolLM2-135M-Instruct)"))
-    tp_timeout: float = field(default=300.0, metadata=switch(
-        "seconds a tensor-parallel collective waits for a peer before it fails"))
     log_level: str = field(default="WARNING", metadata=switch(
         "level of the `minisgl` loggers: DEBUG, INFO, WARNING or ERROR"))
     cpu_kv_budget_gb: float = field(default=0.5, metadata=switch(
@@ -60,6 +48,27 @@ class EnvSwitches:
 
 
 T = TypeVar("T")
+_DECLARED: Dict[str, type] = {}  # "module.Class" -> the engine's classes of switches, in declaration order
+
+
+def declare_switches(cls: Type[T], environ: Mapping[str, str] = os.environ) -> T:
+    """Register `cls` as one of the engine's classes of switches and read it from `environ`."""
+    taken = {variable_name(f.name, other) for key, other in _DECLARED.items() if key != _key(cls)
+             for f in fields(other)}
+    clash = taken & {variable_name(f.name, cls) for f in fields(cls)}
+    if clash:
+        raise TypeError(f"{cls.__name__} declares {', '.join(sorted(clash))}, which another class of switches has")
+    _DECLARED[_key(cls)] = cls
+    return read_switches(cls, environ)
+
+
+def declared_switches() -> List[type]:
+    """The engine's classes of switches declared so far (a module declares its own when imported)."""
+    return list(_DECLARED.values())
+
+
+def _key(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def read_switches(cls: Type[T], environ: Mapping[str, str] = os.environ) -> T:
@@ -90,7 +99,7 @@ def _parse(name: str, raw: str, default: Any) -> Any:
         raise ValueError(f"{name}={raw!r}: expected a {type(default).__name__}") from None
 
 
-ENV = EnvSwitches.read()
+ENV = declare_switches(EnvSwitches)
 
 
 def default_model_path() -> Path:

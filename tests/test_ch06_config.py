@@ -9,7 +9,7 @@ engine takes a `torch.dtype` as well as its name and refuses one it cannot run.
 from __future__ import annotations
 
 import ast
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import List
 
@@ -18,7 +18,7 @@ import torch
 
 from helpers import TINY_LLAMA
 from minisgl.engine import EngineConfig
-from minisgl.env import EnvSwitches, read_switches, variable_name
+from minisgl.env import EnvSwitches, declare_switches, declared_switches, read_switches, switch, variable_name
 from tools.workbook_env import WorkbookSwitches
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,33 +26,68 @@ ENV_MODULE = REPO / "minisgl" / "env.py"
 WORKBOOK_ENV_MODULE = REPO / "tools" / "workbook_env.py"
 
 
-def test_every_switch_is_declared_with_its_meaning():
-    names = [variable_name(f.name) for f in fields(EnvSwitches)]
-    assert len(set(names)) == len(names)
-    for f in fields(EnvSwitches):
-        assert f.metadata["help"].strip(), f"{f.name} has no meaning declared"
-    assert variable_name("disable_overlap") == "MINISGL_DISABLE_OVERLAP"
-    assert variable_name("triton_interpret") == "TRITON_INTERPRET"  # Triton's own variable
+def _engine_switches() -> list:
+    import minisgl.llm  # noqa: F401  (the whole engine: every module that declares switches)
+    import minisgl.server.api  # noqa: F401
+
+    return declared_switches()
+
+
+def test_every_switch_is_declared_with_its_meaning_and_a_name_of_its_own():
+    classes = _engine_switches()
+    names = [variable_name(f.name, cls) for cls in classes for f in fields(cls)]
+    assert len(set(names)) == len(names), names
+    for cls in classes:
+        for f in fields(cls):
+            assert f.metadata["help"].strip(), f"{cls.__name__}.{f.name} has no meaning declared"
+    assert {"MINISGL_DISABLE_OVERLAP", "MINISGL_DISABLE_CUDA_GRAPH", "MINISGL_DISABLE_KERNELS", "MINISGL_TP_TIMEOUT",
+            "TRITON_INTERPRET", "MINISGL_CPU_KV_BUDGET_GB"} <= set(names)  # Triton's own variable among them
+
+
+def test_a_switch_arrives_with_the_module_it_steers():
+    """Chapter 6's env.py declares only engine-wide switches; overlap's and CUDA graphs' come with them."""
+    from minisgl.engine import graph
+    from minisgl.scheduler import overlap
+
+    assert {f.name for f in fields(EnvSwitches)} == {"check_integrity", "model", "log_level", "cpu_kv_budget_gb"}
+    assert overlap.OverlapSwitches in _engine_switches() and graph.GraphSwitches in _engine_switches()
+
+
+def test_a_second_class_declaring_a_taken_variable_is_refused():
+    @dataclass(frozen=True)
+    class Clash:
+        model: str = field(default="", metadata=switch("the same variable again"))
+
+    with pytest.raises(TypeError, match="MINISGL_MODEL"):
+        declare_switches(Clash)
+    assert Clash not in declared_switches()
 
 
 def test_switches_parse_by_the_type_of_their_default():
-    env = EnvSwitches.read({"MINISGL_DISABLE_OVERLAP": "1", "TRITON_INTERPRET": "true", "MINISGL_TP_TIMEOUT": "12.5",
-                            "MINISGL_CPU_KV_BUDGET_GB": "2", "MINISGL_MODEL": "/m", "UNRELATED": "x"})
-    assert env == EnvSwitches(disable_overlap=True, triton_interpret=True, tp_timeout=12.5, cpu_kv_budget_gb=2.0, model="/m")
+    from minisgl.distributed.group import GroupSwitches
+    from minisgl.kernel.util import KernelSwitches
+
+    env = EnvSwitches.read({"MINISGL_CPU_KV_BUDGET_GB": "2", "MINISGL_MODEL": "/m", "UNRELATED": "x"})
+    assert env == EnvSwitches(cpu_kv_budget_gb=2.0, model="/m")
+    assert read_switches(KernelSwitches, {"TRITON_INTERPRET": "true"}) == KernelSwitches(triton_interpret=True)
+    assert read_switches(GroupSwitches, {"MINISGL_TP_TIMEOUT": "12.5"}).tp_timeout == 12.5
     assert EnvSwitches.read({}) == EnvSwitches()
-    assert EnvSwitches.read({"MINISGL_DISABLE_OVERLAP": "0"}).disable_overlap is False
+    assert read_switches(KernelSwitches, {"MINISGL_DISABLE_KERNELS": "0"}).disable_kernels is False
 
 
 @pytest.mark.parametrize("name, raw", [("MINISGL_DISABLE_OVERLAP", "maybe"), ("MINISGL_TP_TIMEOUT", "soon"), ("MINISGL_NUM_THREADS", "1.5")])
 def test_a_malformed_switch_is_refused_by_name(name, raw):
-    switches = WorkbookSwitches if name == "MINISGL_NUM_THREADS" else EnvSwitches
+    from minisgl.distributed.group import GroupSwitches
+    from minisgl.scheduler.overlap import OverlapSwitches
+
+    switches = {"MINISGL_NUM_THREADS": WorkbookSwitches, "MINISGL_TP_TIMEOUT": GroupSwitches}.get(name, OverlapSwitches)
     with pytest.raises(ValueError, match=name):
         read_switches(switches, {name: raw})
 
 
 def test_the_workbook_declares_its_own_switches_outside_the_engine():
     """The chapters', tests' and judge's variables are declared in tools/, read by the engine's machinery."""
-    engine_names = {variable_name(f.name) for f in fields(EnvSwitches)}
+    engine_names = {variable_name(f.name, cls) for cls in _engine_switches() for f in fields(cls)}
     workbook_names = {variable_name(f.name, WorkbookSwitches) for f in fields(WorkbookSwitches)}
     assert {"MINISGL_JUDGE_FORK", "MINISGL_NUM_THREADS", "MINISGL_TEST_DEVICE"} <= workbook_names
     assert not engine_names & workbook_names
@@ -110,7 +145,7 @@ def test_the_engine_reads_the_environment_only_in_env_py():
             continue
         for node in _environment_reads(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert not offenders, f"read the environment outside minisgl/env.py (declare the variable there): {offenders}"
+    assert not offenders, f"read the environment outside minisgl/env.py (declare the variable with `declare_switches`): {offenders}"
 
 
 def test_no_module_outside_env_py_reads_a_minisgl_setting():

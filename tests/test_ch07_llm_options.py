@@ -17,7 +17,7 @@ from minisgl.engine import EngineConfig
 from minisgl.llm import LLM
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler import config as scheduler_config_module
-from minisgl.scheduler import overlap as overlap_module  # declares `overlap`, its default read from ENV
+from minisgl.scheduler import overlap as overlap_module  # declares `overlap`, its default read from OVERLAP_ENV
 from minisgl.utils import UnknownOptionError
 
 SMALL = dict(device="cpu", max_seq_len=128, num_pages=128)
@@ -71,10 +71,9 @@ def test_keywords_override_a_given_config():
 
 
 def test_the_overlap_switch_sets_the_default_and_a_keyword_wins(monkeypatch):
-    from minisgl.env import EnvSwitches
 
     assert LLM(TINY_LLAMA, **SMALL).config.overlap is True
-    monkeypatch.setattr(overlap_module, "ENV", EnvSwitches(disable_overlap=True))
+    monkeypatch.setattr(overlap_module, "OVERLAP_ENV", overlap_module.OverlapSwitches(disable_overlap=True))
     assert LLM(TINY_LLAMA, **SMALL).config.overlap is False
     assert LLM(TINY_LLAMA, overlap=True, **SMALL).config.overlap is True
 

@@ -241,14 +241,13 @@ def test_graph_replay_matches_eager_decode(tmp_path, num_reqs):
 
 @gpu
 def test_switches_turn_graphs_off(tmp_path, monkeypatch):
-    from minisgl.engine import graph as graph_module  # declares use_cuda_graph, its default read from ENV
-    from minisgl.env import EnvSwitches
+    from minisgl.engine import graph as graph_module  # declares use_cuda_graph, its default read from GRAPH_ENV
     from minisgl.llm import LLM
 
     model = small_qwen3(tmp_path)
     kwargs = dict(dummy_weights=True, dtype="bfloat16", max_running_reqs=4, num_pages=1024)
     assert LLM(model, use_cuda_graph=False, **kwargs).engine.graph_runner is None
     # MINISGL_DISABLE_CUDA_GRAPH=1 changes the default; a keyword that names the setting still wins
-    monkeypatch.setattr(graph_module, "ENV", EnvSwitches(disable_cuda_graph=True))
+    monkeypatch.setattr(graph_module, "GRAPH_ENV", graph_module.GraphSwitches(disable_cuda_graph=True))
     assert LLM(model, **kwargs).engine.graph_runner is None
     assert LLM(model, use_cuda_graph=True, **kwargs).engine.graph_runner is not None

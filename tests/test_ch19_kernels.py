@@ -490,7 +490,7 @@ def test_cpu_projections_agree_with_f_linear_and_follow_edits_of_the_weight(monk
     with torch.inference_mode():
         w_inf = torch.randn(64, 576)  # keeps no version counter: F.linear, bit for bit
     assert torch.equal(K.cpu_linear(x, w_inf), F.linear(x, w_inf))
-    monkeypatch.setattr(cpu_gemm, "ENV", dataclasses.replace(cpu_gemm.ENV, disable_onednn=True))
+    monkeypatch.setattr(cpu_gemm, "CPU_GEMM_ENV", dataclasses.replace(cpu_gemm.CPU_GEMM_ENV, disable_onednn=True))
     assert torch.equal(K.cpu_linear(x, w), F.linear(x, w))  # MINISGL_DISABLE_ONEDNN=1
 
 
@@ -564,7 +564,7 @@ def test_the_pass_on_the_cpu_packs_the_projections_and_keeps_their_products():
     from minisgl.kernel.swap import layers_of
 
     model = _tiny_qwen3("cpu", torch.float32)
-    if not cpu_gemm.ONEDNN or cpu_gemm.ENV.disable_onednn:
+    if not cpu_gemm.ONEDNN or cpu_gemm.CPU_GEMM_ENV.disable_onednn:
         pytest.skip("oneDNN is not in this build of torch (or MINISGL_DISABLE_ONEDNN=1)")
     mlp = model.model.layers[0].mlp
     plain_w = mlp.gate_up_proj.weight.clone()
@@ -584,7 +584,7 @@ def test_the_pass_on_the_cpu_packs_the_projections_and_keeps_their_products():
 def test_the_pass_on_a_gpu_swaps_every_layer_a_kernel_serves_and_the_switch_keeps_them_plain(monkeypatch):
     from minisgl.kernel import util
 
-    monkeypatch.setattr(util, "ENV", dataclasses.replace(util.ENV, disable_kernels=True))
+    monkeypatch.setattr(util, "KERNEL_ENV", dataclasses.replace(util.KERNEL_ENV, disable_kernels=True))
     assert K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16)) == {}  # MINISGL_DISABLE_KERNELS=1
     monkeypatch.undo()
     swapped = K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16))
@@ -603,7 +603,7 @@ def test_engine_logits_with_the_kernels_match_the_plain_layers(tmp_path, monkeyp
     rng = random.Random(0)
     prompts = [[rng.randint(0, 2000) for _ in range(n)] for n in (1, 2, 40)]
     got = _first_logits(model, "torch", prompts, 16)
-    monkeypatch.setattr(util, "ENV", dataclasses.replace(util.ENV, disable_kernels=True))
+    monkeypatch.setattr(util, "KERNEL_ENV", dataclasses.replace(util.KERNEL_ENV, disable_kernels=True))
     want = _first_logits(model, "torch", prompts, 16)
     assert rel_err(got, want) < 3e-2 and torch.equal(got.argmax(-1), want.argmax(-1))
 

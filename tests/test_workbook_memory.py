@@ -93,7 +93,7 @@ def test_an_engine_holds_its_cpu_weights_once_and_engines_share_them():
 
     if not (TINY / "config.json").is_file():
         pytest.skip("models not prepared (run `make setup`)")
-    if not cpu_gemm.ONEDNN or cpu_gemm.ENV.disable_onednn:
+    if not cpu_gemm.ONEDNN or cpu_gemm.CPU_GEMM_ENV.disable_onednn:
         pytest.skip("oneDNN is not in this build of torch (or MINISGL_DISABLE_ONEDNN=1)")
     cfg = EngineConfig(model_path=str(TINY), device="cpu", dtype="float32", max_running_reqs=2, max_seq_len=64)
     first = Engine(cfg)

@@ -71,13 +71,13 @@ def _kernels():
 
     for namespace in (globals(), vars(decode), vars(decode_merge)):
         interpret(namespace)
-    env, var = util.ENV, os.environ.get("TRITON_INTERPRET")
+    env, var = util.KERNEL_ENV, os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    util.ENV = dataclasses.replace(env, triton_interpret=True)
+    util.KERNEL_ENV = dataclasses.replace(env, triton_interpret=True)
     try:
         yield
     finally:
-        util.ENV = env
+        util.KERNEL_ENV = env
         if var is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:

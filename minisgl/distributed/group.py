@@ -14,18 +14,26 @@ from __future__ import annotations
 
 import datetime
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from minisgl.env import ENV
+from minisgl.env import declare_switches, switch
 
 from .info import TPInfo, set_tp_info
 
+
+@dataclass(frozen=True)
+class GroupSwitches:
+    tp_timeout: float = field(default=300.0, metadata=switch(
+        "seconds a tensor-parallel collective waits for a peer before it fails"))
+
+
 # How long a collective may wait for a peer before it fails instead of hanging. Long enough for
 # a slow first step (kernel compilation), short enough that a stuck peer is noticed.
-DEFAULT_TIMEOUT_S = ENV.tp_timeout  # MINISGL_TP_TIMEOUT
+DEFAULT_TIMEOUT_S = declare_switches(GroupSwitches).tp_timeout  # MINISGL_TP_TIMEOUT
 _HOST = "127.0.0.1"
 
 

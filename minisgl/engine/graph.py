@@ -33,7 +33,7 @@ from minisgl.attention.graph_support import graph_support_for
 from minisgl.core import Batch, Context
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import fast_path
-from minisgl.env import ENV
+from minisgl.env import declare_switches, switch
 from minisgl.models.llama import CausalLM
 from minisgl.utils.logger import get_logger
 from minisgl.utils.settings import extends_config
@@ -41,12 +41,21 @@ from minisgl.utils.settings import extends_config
 logger = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class GraphSwitches:
+    disable_cuda_graph: bool = field(default=False, metadata=switch(
+        "decode steps run eagerly unless a front end asks for CUDA graphs"))
+
+
+GRAPH_ENV = declare_switches(GraphSwitches)
+
+
 @extends_config(EngineConfig)
 @dataclass(frozen=True)
 class GraphConfig:
     """the engine's settings for CUDA graphs"""
 
-    use_cuda_graph: bool = field(default_factory=lambda: not ENV.disable_cuda_graph, metadata={
+    use_cuda_graph: bool = field(default_factory=lambda: not GRAPH_ENV.disable_cuda_graph, metadata={
         "flag": "cuda_graph", "help": "replay decode steps as CUDA graphs; default: on, unless "
                                       "MINISGL_DISABLE_CUDA_GRAPH=1"})
     cuda_graph_max_bs: int = field(default=256, metadata={"help": "largest decode batch captured as a CUDA graph "

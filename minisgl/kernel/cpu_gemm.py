@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from minisgl.env import ENV
+from minisgl.env import declare_switches, switch
 
 _ATTR = "_minisgl_onednn"  # (weight version, reordered weight) kept on the weight tensor
 _ROWS_HINT = 32  # the row count the blocked layout is chosen for; any count runs with it
@@ -28,12 +29,20 @@ def _available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@dataclass(frozen=True)
+class CpuGemmSwitches:
+    disable_onednn: bool = field(default=False, metadata=switch(
+        "float32 projections on the CPU through F.linear (MKL), not oneDNN: no second copy of the "
+        "weights, transformers' rounding"))
+
+
 ONEDNN = _available()
+CPU_GEMM_ENV = declare_switches(CpuGemmSwitches)
 
 
 def packable(weight: torch.Tensor) -> bool:
     """A float32 matrix on the CPU that is not part of autograd, with oneDNN on."""
-    return (ONEDNN and not ENV.disable_onednn and weight.device.type == "cpu" and weight.dtype == torch.float32
+    return (ONEDNN and not CPU_GEMM_ENV.disable_onednn and weight.device.type == "cpu" and weight.dtype == torch.float32
             and weight.dim() == 2 and not weight.is_mkldnn and not weight.requires_grad)
 
 

@@ -17,11 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any, List
 
 from minisgl.core import Batch, Req
-from minisgl.env import ENV
+from minisgl.env import declare_switches, switch
 from minisgl.utils.settings import extends_config
 
 from .config import SchedulerConfig
 from .scheduler import ForwardResult, extends_scheduler
+
+
+@dataclass(frozen=True)
+class OverlapSwitches:
+    disable_overlap: bool = field(default=False, metadata=switch(
+        "plan step N+1 while step N runs is off unless a front end asks for it"))
+
+
+OVERLAP_ENV = declare_switches(OverlapSwitches)
 
 
 @extends_config(SchedulerConfig)
@@ -31,7 +40,7 @@ class OverlapSettings:
 
     # the one place MINISGL_DISABLE_OVERLAP decides anything: every front end builds the complete
     # SchedulerConfig, and one that names `overlap` (a flag, a keyword) overrides the environment
-    overlap: bool = field(default_factory=lambda: not ENV.disable_overlap, metadata={
+    overlap: bool = field(default_factory=lambda: not OVERLAP_ENV.disable_overlap, metadata={
         "help": "plan step N+1 while step N runs; default: on, unless MINISGL_DISABLE_OVERLAP=1"})
 
 
