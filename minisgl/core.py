@@ -46,9 +46,8 @@ class SamplingParams:
     the output's tokens), `logit_bias` added per token id. `min_p` keeps tokens whose probability
     is at least `min_p` times the most likely one's.
 
-    A later module whose feature a request may ask for adds its fields to this class
-    (`minisgl.utils.settings.extends_in_place`); a scheduler without that feature refuses a
-    request that sets them.
+    A later module whose feature a request may ask for adds its fields to this class; a scheduler
+    without that feature refuses a request that sets them.
     """
 
     max_tokens: int = 16

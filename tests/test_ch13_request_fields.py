@@ -111,3 +111,29 @@ def test_sampling_params_gets_chapter_13s_fields_from_chapter_13s_modules():
     assert added <= {f.name for f in fields(core.SamplingParams)}
     source = open(core.__file__).read()
     assert not any(name in source for name in added)  # chapter 1 names none of them
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(logprobs=21), "logprobs"),
+    (dict(logprobs=-2), "logprobs"),
+    (dict(json_mode="yaml"), "json_mode"),
+    (dict(json_mode="schema"), "json_schema"),
+    (dict(json_mode="schema", json_schema="{not json"), "json_schema"),
+    (dict(json_mode="object", json_schema='{"type": "object"}'), "json_schema"),
+    (dict(json_mode="object", ignore_eos=True), "ignore_eos"),
+    (dict(json_mode="object", min_tokens=3), "min_tokens"),
+])
+def test_chapter_13s_fields_refuse_bad_values_by_name(kw, field):
+    import minisgl.scheduler  # noqa: F401  (the modules that add the fields)
+    from minisgl.core import InvalidRequestError, SamplingParams
+
+    with pytest.raises(InvalidRequestError, match=field):
+        SamplingParams(**kw)
+
+
+def test_chapter_13s_fields_at_their_edges_are_accepted():
+    import minisgl.scheduler  # noqa: F401
+    from minisgl.core import SamplingParams
+
+    SamplingParams(logprobs=20)
+    SamplingParams(json_mode="schema", json_schema='{"type": "object", "properties": {"a": {"type": "integer"}}}')

@@ -38,7 +38,8 @@ class UserReply:
 @message
 @dataclass
 class ErrorReply:
-    """The request failed before producing anything; `status` is the HTTP status to return."""
+    """The request failed and ends here (before any token, or mid-stream); `status` is the HTTP
+    status to return."""
 
     uid: int
     status: int
