@@ -3,9 +3,9 @@
 A variable is `MINISGL_<FIELD>` (the field's name in capitals) unless its metadata names it
 otherwise; its type is the type of its default. They are read once, when this module is first
 imported, into the frozen `ENV`. A variable only ever chooses a *default*: a flag or keyword
-argument that names the same setting wins (see `SchedulerConfig.overlap`). This module imports
-nothing from minisgl, so the workbook around the engine declares its own variables with the same
-machinery (`switch`, `read_switches`).
+argument that names the same setting wins. This module imports nothing from minisgl, so the
+workbook around the engine declares its own variables with the same machinery (`switch`,
+`read_switches`).
 """
 
 from __future__ import annotations
