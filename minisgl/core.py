@@ -123,9 +123,9 @@ class Req:
     - ``device_len``: tokens the next forward pass will have KV for; the gap is ``extend_len``.
     - ``max_device_len``: prompt plus ``max_tokens``; the gap to it is the room left to generate.
 
-    While a long prompt is prefilled in chunks, ``device_len < prompt_len`` and the sampled token
-    is thrown away. Token *values* reach the host later than lengths move (``append_host``), which
-    is what lets the scheduler plan step N+1 while step N is still on the GPU.
+    A step may compute only part of the prompt: then ``device_len < prompt_len`` and the sampled
+    token is thrown away. Token *values* reach the host later than lengths move (``append_host``):
+    lengths are all the scheduler needs to plan a step.
     """
 
     input_ids: torch.Tensor  # [n] int32 on the CPU: the prompt, then tokens as they arrive
@@ -215,7 +215,7 @@ class Batch:
     out_loc: Optional[torch.Tensor] = None  # [num_tokens] KV slots the new tokens are written to
     last_indices: Optional[torch.Tensor] = None  # [bs] each request's last token in the flat dim
     attn_metadata: Optional["BaseAttnMetadata"] = None
-    padded_size: int = 0  # batch size after padding with dummy rows (CUDA graphs)
+    padded_size: int = 0  # rows the forward pass runs: `size`, plus any dummy rows after the real ones
 
     @property
     def size(self) -> int:

@@ -85,9 +85,9 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.num_kv_heads = kv_cache.num_kv_heads
         self.head_dim = kv_cache.head_dim
         self.dtype = kv_cache.buffer.dtype
-        self.dummy_row = page_table.shape[0] - 1  # padding requests read this row: the dummy page
+        self.dummy_row = page_table.shape[0] - 1  # the table's last row: every slot on the dummy page
         self.pad_slot = pad_slot
-        self.dummy_page = pad_slot // kv_cache.page_size  # what padding requests read
+        self.dummy_page = pad_slot // kv_cache.page_size  # the zeroed page the dummy row points at
         ps, h, d = self.page_size, self.num_kv_heads, self.head_dim
         # per layer: the flat [slots, heads, dim] views we write to, the paged views FlashInfer reads
         self._flat = [(kv_cache.k_cache(i), kv_cache.v_cache(i)) for i in range(kv_cache.num_layers)]

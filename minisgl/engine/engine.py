@@ -144,13 +144,13 @@ class Engine:
         qkv = self.model.model.layers[0].self_attn.qkv_proj
         # ranks may see different free memory; they must agree on one pool size
         num_pages = min_over_ranks(self._num_pages(qkv.num_kv_heads, qkv.head_dim), self.device)
-        # one extra page at the end takes the KV writes of padding (dummy) requests
+        # one extra page at the end, the dummy page: zeroed, so a read through it finds no garbage
         self.kv_cache = MHAKVCache(self.model_config.num_layers, num_pages + 1, self.page_size, qkv.num_kv_heads,
                                    qkv.head_dim, self.dtype, self.device)
         self.num_pages = num_pages
         self.dummy_page = num_pages
         self.kv_cache.zero_page(self.dummy_page)
-        # row `max_running_reqs` is the dummy row used to pad batches
+        # row `max_running_reqs` is the dummy row: every slot of it is on the dummy page
         self.page_table = torch.zeros((config.max_running_reqs + 1, self.max_seq_len), dtype=torch.int32,
                                       device=self.device)
         self.page_table[config.max_running_reqs] = self.dummy_page * self.page_size
@@ -209,7 +209,7 @@ class Engine:
             return cfg.num_pages
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * cfg.memory_fraction) - (1 << 30)  # keep 1 GiB for activations and graphs
+            budget = int(free * cfg.memory_fraction) - (1 << 30)  # keep 1 GiB for activations and workspaces
         else:
             budget = int(cfg.cpu_kv_budget_gb * (1 << 30))
         pages = min(budget // per_page, useful)

@@ -6,7 +6,7 @@ In order (transformers' order, which vLLM's follows too: the bias before the pen
 2. the repetition penalty (transformers' rule) over the prompt and the output so far, then the
    frequency and presence penalties (OpenAI's rule) over the output;
 3. masks: end-of-sequence and stop tokens while a row has fewer than `min_tokens` outputs, and
-   the grammar's bitmask for JSON rows;
+   a bitmask of allowed tokens, for the rows that have one;
 4. min_p, after temperature: drop tokens less likely than `min_p` times the most likely one
    (vLLM's place for it: before top-k and top-p, which `Sampler.sample` applies).
 
@@ -64,7 +64,7 @@ def make_logits_args(
     bitmask: Optional[torch.Tensor] = None
 ) -> Optional[LogitsArgs]:
     """The processors a batch needs (None: none). Call before the forward pass (the lengths are
-    read before `complete_one` moves them); `bitmask` is the grammar's, on the host."""
+    read before `complete_one` moves them); `bitmask`: allowed tokens per row, on the host."""
     params = [r.sampling_params for r in reqs]
     args = LogitsArgs()
     if any(sp.uses_penalties for sp in params):

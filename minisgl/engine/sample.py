@@ -2,8 +2,8 @@
 
 Random draws come from a counter-based hash of (seed, position, vocab id) instead of a
 stateful generator, so a request's tokens do not depend on which other requests share its
-batch, every tensor-parallel rank draws the same token, and the kernel sequence is fixed
-(CUDA-graph friendly). Sampling itself is the exponential race: `argmax(p_i / E_i)` with
+batch, every tensor-parallel rank draws the same token, and the kernel sequence is the same
+at every step. Sampling itself is the exponential race: `argmax(p_i / E_i)` with
 `E_i ~ Exp(1)` picks token i with probability p_i.
 
 Around the draw, `Sampler.run` first lets the logits processors (`processors.py`: penalties,
@@ -65,7 +65,7 @@ def make_sampling_plan(
     bitmask: Optional[torch.Tensor] = None
 ) -> Optional[SamplingPlan]:
     """What the sampler does to this batch (None: plain greedy). `history` is the token pool the
-    penalties count from; `bitmask` the grammar's (host, `[bs, words]` int32) or None."""
+    penalties count from; `bitmask` the allowed tokens per row (host, `[bs, words]` int32) or None."""
     sampling = make_sampling_args(reqs, vocab_size, device)
     logits = make_logits_args(reqs, device, history, eos_ids, bitmask)
     if sampling is None and logits is None:

@@ -81,8 +81,8 @@ class PageAllocator:
         if slots.device.type != "cuda":
             self._free_pages = torch.cat([self._free_pages, self._pages_of(slots)])
             return
-        # Reading slots on the GPU back at once would wait for every launched step (the next one
-        # included, with overlap) and leave the GPU idle after it. The copy goes on the stream
+        # Reading slots on the GPU back at once would wait for every launched step and leave the
+        # GPU idle after it. The copy goes on the stream
         # instead, behind the work that still reads the slots; the ids are collected when done.
         firsts = slots[:: self.page_size]
         host = torch.empty(len(firsts), dtype=firsts.dtype, pin_memory=True).copy_(firsts, non_blocking=True)

@@ -6,8 +6,8 @@ HTTP error status instead of a stream that fails halfway. If the client goes awa
 cancelled, and closing its `RequestStream` aborts the request in the scheduler. A response with
 several choices streams each one's events (`sse_events`) interleaved, tagged by choice index.
 
-The server listens before the engine is ready: its processes start beside the HTTP loop (on a GPU
-that includes compiling kernels and capturing CUDA graphs, which can take a minute). Meanwhile
+The server listens before the engine is ready: its processes start beside the HTTP loop (loading
+the model and, on a GPU, the engine's preparation steps, which can take a minute). Meanwhile
 `/health` answers 503 with ``{"status": "starting", "waiting_for": ...}``, the `/v1` routes a 503
 error with a `Retry-After` header, and `/metrics` what the API process counted; no request enters
 the engine before it is ready. If the start-up fails, the server exits with the error. Once

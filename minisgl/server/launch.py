@@ -6,9 +6,9 @@
 Every process receives on a socket it binds and sends on sockets it connects to, so start-up
 order does not matter for ZMQ. Both start at once: the tokenizer worker loads its tokenizer while
 the scheduler loads the model, then waits for the context length the scheduler reports. Start-up
-can take long (loading the model; on a GPU, compiling kernels and capturing
-CUDA graphs), so it never blocks the caller's loop: `Backend.starting` yields while it waits, and
-says what it waits for (`waiting_for`), which the HTTP server reports at `/health` meanwhile.
+can take long (loading the model; on a GPU, the engine's preparation steps), so it never blocks
+the caller's loop: `Backend.starting` yields while it waits, and says what it waits for
+(`waiting_for`), which the HTTP server reports at `/health` meanwhile.
 
 No orphans: children ignore Ctrl-C (the terminal sends it to the whole group; the parent decides),
 ask the kernel to SIGTERM them if the parent dies, and also notice a changed parent pid when idle.

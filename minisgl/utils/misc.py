@@ -26,10 +26,10 @@ def align_up(a: int, b: int) -> int:
 
 
 def package_has(module: str) -> bool:
-    """Is `module` (e.g. "minisgl.engine.graph") part of the package being run?
+    """Is `module` (a dotted name, e.g. "minisgl.engine.engine") part of the package being run?
 
-    The GPU-only modules are optional: every "auto" choice (attention backend, CUDA graphs) asks
-    this before reaching for one, instead of failing with ModuleNotFoundError.
+    A package may lack the modules of later chapters: every "auto" choice asks this before
+    reaching for an optional module, instead of failing with ModuleNotFoundError.
     """
     try:
         return importlib.util.find_spec(module) is not None

@@ -4,8 +4,8 @@ A config is a frozen dataclass of the settings every engine has. A module whose 
 declares them in a frozen dataclass of its own and registers it with `extends_config(Base)`. The
 config the front ends build, `complete_config(Base)`, is one class with the base's fields and then
 each registered part's, in registration order; its `__post_init__` runs every part's check, the
-base's first. So `SchedulerConfig(overlap=False)` works once the overlap module is imported, and a
-package without that module has no such setting, rather than one that does nothing.
+base's first. So a setting a module declares exists once that module is imported, and a package
+without that module has no such setting, rather than one that does nothing.
 
 A part's `__post_init__`, if it has one, checks only its own fields (it may read the base's) and
 must call `super().__post_init__()` first, as a cooperative override does.

@@ -2,7 +2,7 @@
 
 Parsing `tokenizer.json` (the whole vocabulary and its merges) is the slow part of building an `LLM`
 on a small model; a process that builds several engines on one folder (a notebook, a test run, the
-scheduler and its grammar compiler) parses it once. The engine only reads from a tokenizer
+scheduler and the helpers beside it) parses it once. The engine only reads from a tokenizer
 (encode, decode, chat template), so one object serves them all. Also here: whether a tokenizer can
 render a chat, and the stand-in that random weights get when their folder has no tokenizer.
 """
