@@ -27,7 +27,10 @@ WORKBOOK_ENV_MODULE = REPO / "tools" / "workbook_env.py"
 
 
 def _engine_switches() -> list:
-    import minisgl.llm  # noqa: F401  (the whole engine: every module that declares switches)
+    import minisgl.distributed.group  # noqa: F401  (every module that declares switches; the
+    import minisgl.kernel.cpu_gemm  # noqa: F401    kernels load only when a GPU or the CPU GEMM needs them)
+    import minisgl.kernel.util  # noqa: F401
+    import minisgl.llm  # noqa: F401
     import minisgl.server.api  # noqa: F401
 
     return declared_switches()
