@@ -15,7 +15,9 @@ import torch
 
 from helpers import MODELS, ReferenceCache, build_llm, hf_logits, load_rank
 from minisgl.core import SamplingParams
-from minisgl.models import ModelConfig, supported_architectures
+from minisgl.distributed.split import check_tp_split, tp_split_problems
+from minisgl.models import ModelConfig, MoeModelConfig, load_checkpoint, supported_architectures
+from minisgl.models.llama import Qwen3ForCausalLM
 from minisgl.moe import moe_align_block_size, moe_align_block_size_ref, moe_forward_torch, select_experts
 
 MOE = MODELS / "tiny-qwen3-moe"
@@ -115,7 +117,7 @@ def test_qwen3_moe_is_registered():
 def test_loader_stacks_and_shards_experts(rank, size):
     """Every expert's gate/up/down land in the stacked tensors; at TP=2 each rank keeps its half
     of every expert's inner width (loading needs no collectives, so rank 1 loads right here)."""
-    cfg = ModelConfig.from_dir(MOE)
+    cfg = MoeModelConfig.from_dir(MOE)
     model, ckpt = load_rank(MOE, rank, size)
     n = cfg.moe_intermediate_size // size
     rows = slice(rank * n, (rank + 1) * n)
@@ -127,6 +129,33 @@ def test_loader_stacks_and_shards_experts(rank, size):
         assert torch.equal(block.experts.gate_up_proj[e], gate_up)
         assert torch.equal(block.experts.down_proj[e], ckpt[p + "down_proj.weight"][:, rows])
     assert torch.equal(block.gate.weight, ckpt["model.layers.1.mlp.gate.weight"])
+
+
+def test_a_dense_model_class_refuses_the_expert_weights_by_name():
+    """config.json naming the dense Qwen3 class over a MoE checkpoint: the loader names the first
+    tensor it has no place for and says what to check, instead of a shape error further on."""
+    dense = Qwen3ForCausalLM(ModelConfig.from_dir(MOE), torch.float32, torch.device("cpu"))
+    with pytest.raises(KeyError, match=r"mlp\.experts\.0\..*has no place in Qwen3ForCausalLM.*does not declare.*"
+                                       r"Qwen3MoeForCausalLM"):
+        load_checkpoint(dense, MOE)
+
+
+def _shape(**moe) -> ModelConfig:
+    return ModelConfig.from_dict({"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 64, "hidden_size": 64,
+                                  "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
+                                  "intermediate_size": 12, "num_experts": 4, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 6, **moe})
+
+
+def test_tp_split_checks_the_expert_width_and_the_dense_mlp_only_where_a_layer_has_one():
+    all_sparse = _shape()
+    assert tp_split_problems(all_sparse, 2) == []
+    assert tp_split_problems(all_sparse, 4) == ["expert width 6 does not split over 4 ranks"]  # MLP width 12 unused
+    one_dense = _shape(mlp_only_layers=[0])
+    assert tp_split_problems(one_dense, 8) == ["MLP width 12 does not split over 8 ranks",
+                                               "expert width 6 does not split over 8 ranks"]
+    with pytest.raises(ValueError, match=r"tp_size=4: expert width 6 .*Sizes up to 8 that work for this model: \[1, 2\]"):
+        check_tp_split(all_sparse, 4)
 
 
 def test_qwen3_moe_greedy_equals_transformers():

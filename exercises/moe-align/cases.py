@@ -69,11 +69,11 @@ def random_routings(obs: Obs, seed: int) -> None:
 @case("tiny-qwen3-moe: every MoE layer computed tile by tile from your alignment", kind=E2E, hint=4, timeout_s=120)
 def model_layers(obs: Obs) -> None:
     from chapters.stage4 import blockwise_moe
-    from minisgl.models import ModelConfig, create_model, load_checkpoint
+    from minisgl.models import MoeModelConfig, create_model, load_checkpoint
     from minisgl.moe import align, moe_forward_torch, select_experts
 
     path = harness.model_path("tiny-qwen3-moe")
-    cfg = ModelConfig.from_dir(path)
+    cfg = MoeModelConfig.from_dir(path)
     model = create_model(cfg, torch.float32, torch.device("cpu"))
     load_checkpoint(model, path)
     gen = torch.Generator().manual_seed(0)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Protocol
+from typing import Any, Callable, Dict, List, Protocol, Tuple
 
 
 class ShardedShape(Protocol):
@@ -14,9 +14,22 @@ class ShardedShape(Protocol):
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
-    num_experts: int
-    moe_intermediate_size: int
-    raw: Dict[str, Any]
+
+
+# (what, width) pairs each rank takes an equal share of, besides the heads, by architecture: a model
+# module whose blocks split other widths than the dense MLP's registers them when imported
+_SPLIT_WIDTHS: Dict[str, Callable[[Any], List[Tuple[str, int]]]] = {}
+
+
+def register_split_widths(architecture: str, widths: Callable[[Any], List[Tuple[str, int]]]) -> None:
+    _SPLIT_WIDTHS[architecture] = widths
+
+
+def split_widths(cfg: ShardedShape) -> List[Tuple[str, int]]:
+    """The widths besides the heads that `cfg`'s layers split over the ranks: the MLP's, unless its
+    architecture registered others."""
+    widths = _SPLIT_WIDTHS.get(cfg.architecture)
+    return widths(cfg) if widths is not None else [("MLP width", cfg.intermediate_size)]
 
 
 def tp_split_problems(cfg: ShardedShape, tp_size: int) -> List[str]:
@@ -30,12 +43,9 @@ def tp_split_problems(cfg: ShardedShape, tp_size: int) -> List[str]:
     # more KV heads than ranks: each rank takes kv/tp of them; fewer: tp/kv ranks share one
     if (kv >= tp_size and kv % tp_size) or (kv < tp_size and tp_size % kv):
         problems.append(f"{kv} KV heads neither split over nor replicate evenly onto {tp_size} ranks")
-    has_dense = cfg.num_experts == 0 or bool(cfg.raw.get("mlp_only_layers")) or cfg.raw.get("decoder_sparse_step",
-                                                                                            1) > 1
-    if has_dense and cfg.intermediate_size % tp_size:
-        problems.append(f"MLP width {cfg.intermediate_size} does not split over {tp_size} ranks")
-    if cfg.num_experts and cfg.moe_intermediate_size % tp_size:
-        problems.append(f"expert width {cfg.moe_intermediate_size} does not split over {tp_size} ranks")
+    for what, width in split_widths(cfg):
+        if width % tp_size:
+            problems.append(f"{what} {width} does not split over {tp_size} ranks")
     return problems
 
 

@@ -25,11 +25,7 @@ class ModelConfig:
     attention_bias: bool = False
     rope_scaling: Optional[Dict[str, Any]] = None
     eos_token_ids: Tuple[int, ...] = ()
-    # mixture of experts (0 experts: a dense model)
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    norm_topk_prob: bool = True
+    # all of config.json: a model class that needs more than these fields reads them from here
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -60,10 +56,6 @@ class ModelConfig:
             attention_bias=bool(cfg.get("attention_bias", arch.startswith("Qwen2"))),
             rope_scaling=scaling,
             eos_token_ids=eos_ids,
-            num_experts=cfg.get("num_experts", 0) or 0,
-            num_experts_per_tok=cfg.get("num_experts_per_tok", 0) or 0,
-            moe_intermediate_size=cfg.get("moe_intermediate_size", 0) or 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             raw=cfg,
         )
 

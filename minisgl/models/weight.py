@@ -18,6 +18,7 @@ from minisgl.distributed.info import get_tp_info
 from minisgl.layers.linear import LinearQKVMerged
 
 from .llama import CausalLM
+from .registry import supported_architectures
 
 _MERGED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -74,9 +75,11 @@ def load_checkpoint(model: CausalLM, model_dir: str | Path) -> None:
             continue
         target_name, rows, piece = _place(model, params, name, tensor, tp)
         if target_name is None:
-            if name.startswith("model.layers.") and ".mlp.experts." in name:
-                raise KeyError(f"{name}: expert weights need a mixture-of-experts model class")
-            raise KeyError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
+            raise KeyError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}: the checkpoint has "
+                           "weights this model class does not declare. Build the model with `create_model`, which "
+                           f"picks the class registered for config.json's architecture ({model.config.architecture!r}; "
+                           f"registered: {', '.join(supported_architectures())}), and check that config.json names "
+                           "the architecture the checkpoint was saved from")
         target = params[target_name][rows] if rows is not None else params[target_name]
         if target.shape != piece.shape:
             raise ValueError(f"{name}: expected shape {tuple(target.shape)} here, checkpoint slice has "
