@@ -154,7 +154,7 @@ def test_tp_split_checks_the_expert_width_and_the_dense_mlp_only_where_a_layer_h
     one_dense = _shape(mlp_only_layers=[0])
     assert tp_split_problems(one_dense, 8) == ["MLP width 12 does not split over 8 ranks",
                                                "expert width 6 does not split over 8 ranks"]
-    with pytest.raises(ValueError, match=r"tp_size=4: expert width 6 .*Sizes up to 8 that work for this model: \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"tp_size=4: expert width 6 .*Sizes up to 8 that work .*: \[1, 2\]"):
         check_tp_split(all_sparse, 4)
 
 

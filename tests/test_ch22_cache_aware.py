@@ -229,7 +229,9 @@ def test_bad_policy_settings_are_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="fcfs, lpm, lpm-aged"):
         SchedulerConfig(engine=engine, schedule_policy="sjf")
     for policy in ("lpm", "lpm-aged"):
-        with pytest.raises(ValueError, match=f"'{policy}' .*a prefix cache that keeps prefixes"):
+        # the message names the value to pass: the registered caches that keep prefixes
+        want = f"'{policy}' .*a prefix cache that keeps prefixes \\(prefix_cache='radix'\\)"
+        with pytest.raises(ValueError, match=want):
             SchedulerConfig(engine=engine, prefix_cache="naive", schedule_policy=policy)
     for bad in (-1, 2.5, "3", True):
         with pytest.raises(ValueError, match="lpm_max_wait must be a whole number of admission steps, 0 or more"):

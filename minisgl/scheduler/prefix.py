@@ -101,15 +101,17 @@ class LongestPrefixMatch(SchedulePolicy):
     sharing it find it still cached instead of evicted by unrelated prompts. A steady stream of
     hits can keep a request without one waiting for as long as the stream lasts."""
 
-    summary = "lpm: longest cached prefix first (needs the radix cache)"
+    summary = "lpm: longest cached prefix first (needs a prefix cache that keeps prefixes)"
 
     @classmethod
     def check_config(cls, config: SchedulerConfig) -> None:
         """With a cache that keeps nothing every prefix hit is empty, and the order is arrival order."""
         if not keeps_prefixes(config.prefix_cache):
+            keeping = prefix_keeping_caches()
+            what = (f"prefix_cache={' or '.join(map(repr, keeping))}" if keeping else
+                    "this package registers none")
             raise ValueError(f"schedule_policy {config.schedule_policy!r} orders requests by their prefix-cache hits "
-                             "and needs a prefix cache that keeps prefixes (prefix_cache='radix'); got "
-                             f"{config.prefix_cache!r}")
+                             f"and needs a prefix cache that keeps prefixes ({what}); got {config.prefix_cache!r}")
 
     def order(self, waiting: Sequence[PendingReq], cache: CacheManager) -> List[PendingReq]:
         return longest_prefix_first(waiting, cache) if len(waiting) > 1 else list(waiting)
@@ -125,9 +127,14 @@ def keeps_prefixes(prefix_cache: str) -> bool:
     return getattr(PREFIX_CACHES.get(prefix_cache), "keeps_prefixes", False)
 
 
+def prefix_keeping_caches() -> Tuple[str, ...]:
+    """The registered caches that keep prefixes, by name."""
+    return tuple(n for n in prefix_cache_names() if keeps_prefixes(n))
+
+
 def default_prefix_cache() -> str:
-    """The radix cache where the package has it (chapter 9), else the naive one."""
-    return "radix" if "radix" in PREFIX_CACHES else "naive"
+    """The first registered cache (by name) that keeps prefixes, else the naive one."""
+    return next(iter(prefix_keeping_caches()), "naive")
 
 
 @extends_config(SchedulerConfig)
@@ -137,7 +144,8 @@ class PrefixCacheSettings:
 
     prefix_cache: str = field(default_factory=default_prefix_cache, metadata={
         "choices": prefix_cache_names(), "aliases": ("cache_type",),
-        "help": "the prefix cache by name: radix reuses shared prompt prefixes; naive reuses nothing"})
+        "help": "the prefix cache by name: one that keeps prefixes reuses shared prompt prefixes (the default, "
+                "where one is registered); naive reuses nothing"})
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the base's checks, the schedule policy's needs among them
