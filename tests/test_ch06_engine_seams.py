@@ -53,7 +53,7 @@ def fake_registered(monkeypatch):
     def step(engine):
         order.append(("step", engine.fake_fast is not None))
 
-    monkeypatch.setitem(engine_module._FAST_PATHS, "fake_fast", ("building a fake", build))
+    monkeypatch.setitem(engine_module._FAST_PATHS, "fake_fast", ("building a fake", build, lambda config: True))
     monkeypatch.setattr(engine_module, "_GPU_STEPS", {"preparing a fake": step})
     return order
 
