@@ -141,6 +141,11 @@ def gpu_steps() -> Tuple[str, ...]:
     return tuple(_GPU_STEPS)
 
 
+def load_passes() -> Tuple[str, ...]:
+    """What the registered passes after loading do, in the order they run."""
+    return tuple(_LOAD_PASSES)
+
+
 def gpu_preparation(config: EngineConfig) -> Tuple[str, ...]:
     """What a GPU engine built from `config` does before it serves, in the order it does it, as a
     start-up message says it: the registered preparation steps, then the fast paths `config` asks for."""
