@@ -3,6 +3,7 @@
 Claims: `forward_batch` runs a batch through a registered fast path when that path says it can run
 the batch, and through the eager forward pass otherwise (same tokens as an engine with no fast
 path); a GPU engine builds its fast paths, then runs its preparation steps in registration order;
+every engine runs the registered passes over its model after loading, shared weights or not;
 and the engine's config has a later chapter's settings only in a package that holds that chapter's
 module (chapter 6's stage has no `use_cuda_graph`, chapter 18's has).
 """
@@ -53,7 +54,7 @@ def fake_registered(monkeypatch):
     def step(engine):
         order.append(("step", engine.fake_fast is not None))
 
-    monkeypatch.setitem(engine_module._FAST_PATHS, "fake_fast", ("building a fake", build))
+    monkeypatch.setitem(engine_module._FAST_PATHS, "fake_fast", ("building a fake", build, lambda config: True))
     monkeypatch.setattr(engine_module, "_GPU_STEPS", {"preparing a fake": step})
     return order
 
@@ -93,18 +94,18 @@ sys.path.insert(0, stage)
 import minisgl
 assert minisgl.__file__.startswith(stage), minisgl.__file__
 from minisgl.engine import EngineConfig
-from minisgl.engine.engine import fast_path_names, gpu_steps
+from minisgl.engine.engine import fast_path_names, gpu_steps, load_passes
 try:
     EngineConfig(model_path=stage, use_cuda_graph=False)
     accepted = True
 except TypeError:
     accepted = False
 print(json.dumps({"fields": [f.name for f in dataclasses.fields(EngineConfig)], "accepted": accepted,
-                  "fast_paths": list(fast_path_names()), "steps": list(gpu_steps())}))
+                  "fast_paths": list(fast_path_names()), "steps": list(gpu_steps()), "passes": list(load_passes())}))
 """
 
 
-@pytest.mark.parametrize("chapter, graphs", [(6, False), (17, False), (18, True)])
+@pytest.mark.parametrize("chapter, graphs", [(6, False), (17, False), (18, True), (19, True)])
 def test_the_config_has_the_graph_settings_only_where_the_graph_module_is(chapter, graphs):
     stages = load_file(ROOT / "tools" / "stages.py", "_stages_for_engine_seams")
     proc = stages.run_python(_CONFIG_FIELDS, [str(stages.build(chapter))], timeout=120)
@@ -114,6 +115,16 @@ def test_the_config_has_the_graph_settings_only_where_the_graph_module_is(chapte
         graphs, graphs, graphs)
     assert got["fast_paths"] == (["graph_runner"] if graphs else [])
     assert got["steps"] == (["compiling GPU kernels"] if graphs else [])
+    # chapter 19's kernel pass registers itself; the engine's package imports it where the stage has it
+    assert got["passes"] == (["swap kernels into the model's layers"] if chapter >= 19 else [])
+
+
+def test_every_engine_runs_the_registered_passes_after_loading_shared_weights_too(monkeypatch):
+    seen = []
+    monkeypatch.setattr(engine_module, "_LOAD_PASSES", {"recording a pass": lambda model: seen.append(model)})
+    first = build_engine(TINY_LLAMA, dummy_weights=False)
+    second = build_engine(TINY_LLAMA, dummy_weights=False)  # adopts the first one's weights
+    assert second.weights is first.weights and seen == [first.model, second.model]
 
 
 def test_the_complete_config_is_the_base_then_each_registered_part():

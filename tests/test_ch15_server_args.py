@@ -206,3 +206,18 @@ def test_a_folder_without_a_tokenizer_serves_random_weights_with_token_numbers_a
     real = _server_tokenizer(ServerArgs.from_options(model_path=str(tmp_path), dummy_weights=True,
                                                      tokenizer=str(TINY_LLAMA)))
     assert real.decode([3, 1]) == AutoTokenizer.from_pretrained(TINY_LLAMA).decode([3, 1])
+
+
+@pytest.mark.parametrize("graphs, said", [
+    (True, ", then compiling GPU kernels and capturing CUDA graphs"),
+    (False, ", then compiling GPU kernels"),
+])
+def test_the_start_up_message_says_what_the_engine_registered_to_run_on_a_gpu(graphs, said):
+    """Nothing is built: a CUDA device by name only, so this runs on the CPU too."""
+    from minisgl.server.launch import _loading
+
+    args = parse_args(["--model", str(TINY_LLAMA), "--device", "cuda", "--cuda-graph" if graphs else
+                       "--disable-cuda-graph"])
+    assert _loading(args).endswith(f"onto cuda:0{said}")
+    cpu = parse_args(["--model", str(TINY_LLAMA), "--device", "cpu"])
+    assert _loading(cpu).endswith("onto cpu")

@@ -76,7 +76,7 @@ def test_auto_on_cuda_with_flashinfer_is_the_triton_decode_backend(monkeypatch):
     for head_dim in (64, 128, 256):
         assert resolve_backend_name("auto", cuda, torch.bfloat16, head_dim) == "triton-decode"
     assert resolve_backend_name("auto", cuda, torch.float16, 32) == "torch"
-    assert set(registry.BACKENDS) == {"auto", "torch", "flashinfer", "triton-decode"}
+    assert registry.backend_names() == ("auto", "torch", "flashinfer", "triton-decode")  # each registered itself
 
 
 # ---- the backends against the PyTorch backend (GPU) ---------------------------------------------

@@ -116,11 +116,9 @@ attention = resolve_backend_name("auto", device, torch.bfloat16, 64)
 from minisgl.engine.engine import fast_path_names
 graphs = "graph_runner" in fast_path_names()  # registered by chapter 18's graph module
 if graphs:  # with a backend of the class "auto" chose (never built: no device memory here)
-    from minisgl.attention.registry import FLASHINFER_MODULE, TRITON_DECODE_MODULE
+    from minisgl.attention import registry
     from minisgl.engine.graph import wants_cuda_graph
-    module, name = {"flashinfer": (FLASHINFER_MODULE, "FlashInferAttnBackend"),
-                    "triton-decode": (TRITON_DECODE_MODULE, "TritonDecodeAttnBackend")}[attention]
-    backend_cls = getattr(importlib.import_module(module), name)
+    backend_cls = registry._BACKENDS[attention].make  # the class registered under the name "auto" chose
     fake_engine = types.SimpleNamespace(device=device, config=types.SimpleNamespace(use_cuda_graph=True),
                                         attn_backend=object.__new__(backend_cls))
     graphs = wants_cuda_graph(fake_engine)
@@ -160,7 +158,7 @@ def test_explicit_flashinfer_in_a_stage_without_it_says_what_is_missing_and_what
     )
     proc = stages.run_python(code, [str(stage)], timeout=120)
     assert proc.returncode != 0
-    assert "ValueError" in proc.stderr and "holds no minisgl.attention.flashinfer_backend; use 'auto' or 'torch'" in (
+    assert "ValueError" in proc.stderr and "unknown attention backend 'flashinfer': this package holds auto, torch;" in (
         proc.stderr)
 
 

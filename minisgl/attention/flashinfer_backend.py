@@ -13,6 +13,7 @@ and then *run* once per layer.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
@@ -23,6 +24,7 @@ from minisgl.kernel import gather_page_indices
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
+from .registry import attention_backend
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -69,6 +71,14 @@ def flashinfer_problem(device: torch.device, dtype: torch.dtype, head_dim: int) 
     return None
 
 
+def flashinfer_missing_or_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> Optional[str]:
+    """`flashinfer_problem`, and first whether FlashInfer is installed at all: what "auto" checks."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return "FlashInfer is not installed"
+    return flashinfer_problem(device, dtype, head_dim)
+
+
+@attention_backend("flashinfer", priority=1, problem=flashinfer_missing_or_problem)
 class FlashInferAttnBackend(BaseAttnBackend):
     def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor, num_qo_heads: int, pad_slot: int = 0):
         import flashinfer
@@ -85,9 +95,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.num_kv_heads = kv_cache.num_kv_heads
         self.head_dim = kv_cache.head_dim
         self.dtype = kv_cache.buffer.dtype
-        self.dummy_row = page_table.shape[0] - 1  # the table's last row: every slot on the dummy page
         self.pad_slot = pad_slot
-        self.dummy_page = pad_slot // kv_cache.page_size  # the zeroed page the dummy row points at
         ps, h, d = self.page_size, self.num_kv_heads, self.head_dim
         # per layer: the flat [slots, heads, dim] views we write to, the paged views FlashInfer reads
         self._flat = [(kv_cache.k_cache(i), kv_cache.v_cache(i)) for i in range(kv_cache.num_layers)]

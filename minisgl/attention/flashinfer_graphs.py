@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, List
 import torch
 
 from .flashinfer_backend import FlashInferAttnBackend
-from .graph_support import AttnGraphSupport, graph_support, padded_rows
+from .graph_support import AttnGraphSupport, dummy_row_of, graph_support, padded_rows
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -45,5 +45,5 @@ class FlashInferGraphSupport(AttnGraphSupport):
         }
 
     def prepare_for_replay(self, batch: "Batch") -> None:
-        rows, kv_lens = padded_rows(batch, self.backend.dummy_row)
+        rows, kv_lens = padded_rows(batch, dummy_row_of(self.backend.page_table))
         batch.attn_metadata = self.backend.plan_decode(self.wrappers[batch.padded_size], rows, kv_lens)

@@ -23,6 +23,8 @@ from minisgl.utils import package_has
 from .base import BaseAttnBackend
 
 if TYPE_CHECKING:
+    import torch
+
     from minisgl.core import Batch
 
 FLASHINFER_GRAPHS_MODULE = "minisgl.attention.flashinfer_graphs"  # registers FlashInfer's support
@@ -68,6 +70,11 @@ def graph_support_for(backend: BaseAttnBackend) -> Optional[MakeGraphSupport]:
         if cls in _SUPPORT:
             return _SUPPORT[cls]
     return None
+
+
+def dummy_row_of(page_table: "torch.Tensor") -> int:
+    """The page table's dummy row, its last: every slot of it is on the zeroed dummy page."""
+    return page_table.shape[0] - 1
 
 
 def padded_rows(batch: "Batch", dummy_row: int) -> Tuple[List[int], List[int]]:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnBackend, BaseAttnMetadata
+from .registry import attention_backend
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -96,3 +97,11 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **mask: object) -
     the math path, which materialises the `[heads, n, kv_len]` score matrix (7x slower at 4k tokens)."""
     q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **mask)[0].transpose(0, 1)
+
+
+@attention_backend("torch", priority=0)  # the lowest: "auto" takes it where no faster backend runs
+def make_torch_backend(kv_cache: MHAKVCache, page_table: torch.Tensor, pad_slot: int = 0,
+                       **unused: object) -> TorchAttnBackend:
+    """The torch backend from the engine's keyword arguments; what only GPU backends take (the number of
+    query heads) it does not need: it reads the shapes off each batch."""
+    return TorchAttnBackend(kv_cache, page_table, pad_slot)

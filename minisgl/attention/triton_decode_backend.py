@@ -21,9 +21,10 @@ from minisgl.kernel.decode import LARGE_TILE, SMALL_TILE, DecodeTile
 from minisgl.kvcache.mha_pool import MHAKVCache
 
 from .base import BaseAttnMetadata
-from .flashinfer_backend import FlashInferAttnBackend
+from .flashinfer_backend import FlashInferAttnBackend, flashinfer_missing_or_problem
 from .flashinfer_graphs import FlashInferGraphSupport
-from .graph_support import AttnGraphSupport, graph_support, padded_rows
+from .graph_support import AttnGraphSupport, dummy_row_of, graph_support, padded_rows
+from .registry import attention_backend
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -60,6 +61,8 @@ class TritonDecodeMetadata(BaseAttnMetadata):
         return self.rows.numel()
 
 
+# above FlashInfer: where FlashInfer runs, this backend runs (it prefills through FlashInfer)
+@attention_backend("triton-decode", priority=2, problem=flashinfer_missing_or_problem)
 class TritonDecodeAttnBackend(FlashInferAttnBackend):
     def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor, num_qo_heads: int, pad_slot: int = 0,
                  thresholds: DecodeThresholds = THRESHOLDS):
@@ -152,7 +155,7 @@ class TritonDecodeGraphSupport(AttnGraphSupport):
         self.decode = torch.zeros(3 * -(-max_bs // 4) * 4, dtype=torch.int32, device=backend.device)
 
     def prepare_for_replay(self, batch: "Batch") -> None:
-        rows, kv_lens = padded_rows(batch, self.backend.dummy_row)
+        rows, kv_lens = padded_rows(batch, dummy_row_of(self.backend.page_table))
         batch.attn_metadata = self.backend._decode_metadata(rows, kv_lens, out=self.decode)
 
 

@@ -1,7 +1,7 @@
 from minisgl.utils.settings import complete_config
 
 from .config import EngineConfig
-from .engine import Engine, fast_path, prepares_gpu
+from .engine import Engine, after_load, fast_path, prepares_gpu
 from .sample import BatchSamplingArgs, Sampler, SamplerOutput, SamplingPlan, make_sampling_args, make_sampling_plan
 
 # each module below plugs into the engine (a fast path, a GPU preparation step; a GPU engine builds
@@ -9,8 +9,12 @@ from .sample import BatchSamplingArgs, Sampler, SamplerOutput, SamplingPlan, mak
 from .graph import GraphConfig, GraphRunner
 from .warmup import warm_up
 
+# a pass every engine runs over its model once loaded (`after_load`)
+from minisgl.kernel.swap import swap_in_kernels
+
 # the config with every imported module's settings: what front ends build and ranks unpickle
 EngineConfig = complete_config(EngineConfig, __name__)
 
-__all__ = ["Engine", "EngineConfig", "fast_path", "prepares_gpu", "BatchSamplingArgs", "Sampler", "SamplerOutput",
-           "SamplingPlan", "make_sampling_args", "make_sampling_plan", "GraphConfig", "GraphRunner", "warm_up"]
+__all__ = ["Engine", "EngineConfig", "after_load", "fast_path", "prepares_gpu", "BatchSamplingArgs", "Sampler",
+           "SamplerOutput", "SamplingPlan", "make_sampling_args", "make_sampling_plan", "GraphConfig", "GraphRunner",
+           "warm_up", "swap_in_kernels"]

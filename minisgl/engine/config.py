@@ -36,7 +36,9 @@ class EngineConfig:
         "aliases": ("memory_ratio",), "help": "share of free GPU memory (after the weights) given to the KV pool"})
     cpu_kv_budget_gb: float = field(default_factory=lambda: ENV.cpu_kv_budget_gb, metadata={
         "help": "most GiB the KV pool takes on the CPU; default: $MINISGL_CPU_KV_BUDGET_GB, else 0.5"})
-    attention_backend: str = field(default="auto", metadata={"help": "auto, torch, flashinfer or triton-decode"})
+    attention_backend: str = field(default="auto", metadata={
+        "help": "a backend's registered name, or auto: the fastest registered backend that runs here (torch, the "
+                "reference, runs everywhere)"})
     dummy_weights: bool = field(default=False, metadata={
         "aliases": ("use_dummy_weight",), "help": "random weights from the model's config.json (for speed runs; the "
                                                   "text is noise)"})

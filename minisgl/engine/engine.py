@@ -6,18 +6,17 @@ runs the model, moves each request's ledger on (`complete_one`) and returns samp
 Weights are held once. Engines built in one process from the same checkpoint (same files, model
 config, dtype, device and rank) share one set of weight tensors (`LOADED`), so a process that
 builds several engines holds the model once; an edit to one engine's weights is seen by all of them.
-Once loaded, the model goes through the package's kernel pass where the package has one (`KERNEL_PASS`).
 
-Later chapters make the engine faster without editing it, through two seams: a *fast path*
+Later chapters make the engine faster without editing it, through three seams: a *pass after
+loading* (`after_load`) changes the loaded model in place, on every device; a *fast path*
 (`fast_path`) is another way to run a prepared batch, built once per engine on a GPU and asked
 first whether it can run each batch (else the model runs eagerly); a *GPU preparation step*
 (`prepares_gpu`) runs once on a GPU engine before it serves, after the fast paths are built.
-A package whose modules register neither runs every batch eagerly.
+A package whose modules register none runs the plain model eagerly.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 import weakref
@@ -33,7 +32,7 @@ from minisgl.distributed.info import TPInfo, set_tp_info
 from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.layers.base import BaseOP
 from minisgl.models import ModelConfig, create_model, load_checkpoint, load_dummy
-from minisgl.utils import div_ceil, package_has
+from minisgl.utils import div_ceil
 from minisgl.utils.logger import get_logger
 
 from .config import EngineConfig
@@ -70,14 +69,6 @@ def _adopt(model: BaseOP, tensors: Dict[str, torch.Tensor]) -> None:
         setattr(owner, leaf, tensor)
 
 
-KERNEL_PASS = "minisgl.kernel.swap"  # swaps kernels into the model's layers (a staged package may lack it)
-
-
-def _swap_in_kernels(model: BaseOP) -> None:
-    if package_has(KERNEL_PASS):
-        importlib.import_module(KERNEL_PASS).swap_in_kernels(model)
-
-
 class FastPath(Protocol):
     """A way to run some prepared batches faster than the eager forward pass."""
 
@@ -90,17 +81,27 @@ class FastPath(Protocol):
 
 FastPathBuilder = Callable[["Engine"], Optional[FastPath]]  # None: this engine runs without it
 PrepareStep = Callable[["Engine"], object]
-# engine attribute -> (what building it does, as the start-up message says it; its builder)
-_FAST_PATHS: Dict[str, Tuple[str, FastPathBuilder]] = {}
+ConfigTest = Callable[[EngineConfig], bool]
+# engine attribute -> (what building it does, as the start-up message says it; its builder; whether a config
+# asks for it)
+_FAST_PATHS: Dict[str, Tuple[str, FastPathBuilder, ConfigTest]] = {}
 _GPU_STEPS: Dict[str, PrepareStep] = {}  # what the step does -> the step
+ModelPass = Callable[[BaseOP], object]
+_LOAD_PASSES: Dict[str, ModelPass] = {}  # what the pass does -> the pass
 
 
-def fast_path(attribute: str, doing: str) -> Callable[[FastPathBuilder], FastPathBuilder]:
+def _always(config: EngineConfig) -> bool:
+    return True
+
+
+def fast_path(attribute: str, doing: str,
+              wanted: ConfigTest = _always) -> Callable[[FastPathBuilder], FastPathBuilder]:
     """Decorator: register a builder of a fast path. Every engine has `attribute` (None until built);
-    a GPU engine sets it to what the builder returns, once, after loading. Registering an attribute
-    again (a module imported afresh) replaces its builder."""
+    a GPU engine sets it to what the builder returns, once, after loading. `wanted`: whether a config
+    asks for this fast path, for messages said before an engine exists (the builder decides). Registering
+    an attribute again (a module imported afresh) replaces its builder."""
     def register(build: FastPathBuilder) -> FastPathBuilder:
-        _FAST_PATHS[attribute] = (doing, build)
+        _FAST_PATHS[attribute] = (doing, build, wanted)
         return build
     return register
 
@@ -114,6 +115,22 @@ def prepares_gpu(doing: str) -> Callable[[PrepareStep], PrepareStep]:
     return register
 
 
+def after_load(doing: str) -> Callable[[ModelPass], ModelPass]:
+    """Decorator: register a pass every engine runs over its model once the weights are in, on every device,
+    in registration order (its return value is ignored). It runs before the weights are shared with other
+    engines, and again over a model that adopts shared weights, so it must leave a model it already ran over
+    as it is."""
+    def register(run: ModelPass) -> ModelPass:
+        _LOAD_PASSES[doing] = run
+        return run
+    return register
+
+
+def _run_load_passes(model: BaseOP) -> None:
+    for run in _LOAD_PASSES.values():
+        run(model)
+
+
 def fast_path_names() -> Tuple[str, ...]:
     """The engine attributes that hold the registered fast paths, in registration order."""
     return tuple(_FAST_PATHS)
@@ -122,6 +139,17 @@ def fast_path_names() -> Tuple[str, ...]:
 def gpu_steps() -> Tuple[str, ...]:
     """What the registered GPU preparation steps do, in the order they run."""
     return tuple(_GPU_STEPS)
+
+
+def load_passes() -> Tuple[str, ...]:
+    """What the registered passes after loading do, in the order they run."""
+    return tuple(_LOAD_PASSES)
+
+
+def gpu_preparation(config: EngineConfig) -> Tuple[str, ...]:
+    """What a GPU engine built from `config` does before it serves, in the order it does it, as a
+    start-up message says it: the registered preparation steps, then the fast paths `config` asks for."""
+    return (*_GPU_STEPS, *(doing for doing, _, wanted in _FAST_PATHS.values() if wanted(config)))
 
 
 class Engine:
@@ -174,13 +202,13 @@ class Engine:
         loaded = LOADED.get(key) if key is not None else None
         if loaded is not None:
             _adopt(self.model, loaded.tensors)
-            _swap_in_kernels(self.model)
+            _run_load_passes(self.model)
             return loaded
         if key is None:
             load_dummy(self.model, self.config.seed)
         else:
             load_checkpoint(self.model, self.config.model_path)
-        _swap_in_kernels(self.model)  # before the weights are shared, so others adopt the packed ones
+        _run_load_passes(self.model)  # before the weights are shared, so others adopt what the passes made
         loaded = LoadedWeights(self.model.state_dict())
         if key is not None:
             LOADED[key] = loaded
@@ -188,13 +216,13 @@ class Engine:
 
     def _prepare_gpu(self) -> None:
         """Build the registered fast paths, then run the registered preparation steps."""
-        doing = list(_GPU_STEPS) + [what for what, _ in _FAST_PATHS.values()]
+        doing = list(_GPU_STEPS) + [what for what, _, _ in _FAST_PATHS.values()]
         if not doing:
             return
         start = time.perf_counter()
         print(f"minisgl: {' and '.join(doing)} (up to a minute or two on a fresh machine)", file=sys.stderr,
               flush=True)
-        for attribute, (_, build) in _FAST_PATHS.items():
+        for attribute, (_, build, _) in _FAST_PATHS.items():
             setattr(self, attribute, build(self))
         for step in _GPU_STEPS.values():
             step(self)

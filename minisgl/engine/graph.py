@@ -173,7 +173,7 @@ def wants_cuda_graph(engine: GraphHost) -> bool:
     )
 
 
-@fast_path("graph_runner", doing="capturing CUDA graphs")
+@fast_path("graph_runner", doing="capturing CUDA graphs", wanted=lambda config: config.use_cuda_graph)
 def capture_graphs(engine: GraphHost) -> Optional[GraphRunner]:
     """The engine's `graph_runner`: every decode size of the ladder captured, where graphs are wanted."""
     return GraphRunner(engine, engine.config.cuda_graph_max_bs) if wants_cuda_graph(engine) else None

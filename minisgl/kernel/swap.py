@@ -1,6 +1,7 @@
 """The pass that puts the kernels into a loaded model: the model and layer code stay plain PyTorch.
 
-After the weights are loaded, the engine runs `swap_in_kernels` once over the model. On a GPU, each
+After the weights are loaded, the engine runs `swap_in_kernels` once over the model (a pass this module
+registers with the engine's `after_load`). On a GPU, each
 layer that a kernel serves becomes its kernel-backed class (`GPU_LAYERS`, the same object with
 its weights, another forward). On the CPU in float32, each projection's weight is converted to
 oneDNN's blocked layout and the plain copy dropped (`cpu_gemm`), and the projections and the LM head
@@ -74,3 +75,10 @@ def swap_in_kernels(model: BaseOP) -> Dict[str, int]:
             op.__class__ = cls
     cpu_gemm.give_back_freed_memory()  # the memory of the plain weights that packing dropped
     return dict(swapped)
+
+
+# registered last: the engine's package imports this module, so when this module is imported first it
+# must hold `swap_in_kernels` before the engine's package is loaded
+from minisgl.engine.engine import after_load  # noqa: E402
+
+after_load("swap kernels into the model's layers")(swap_in_kernels)

@@ -103,9 +103,11 @@ def _loading(args: ServerArgs) -> str:
     device = args.engine.torch_device  # resolves "auto" here, in the process that will use the device
     what = f"the scheduler to load {args.model_name} onto {device}"
     if device.type == "cuda":
-        # a package without chapter 18's graph module has no such setting, and captures nothing
-        graphs = getattr(args.engine, "use_cuda_graph", False)
-        what += ", compile its GPU kernels" + (" and capture its CUDA graphs" if graphs else "")
+        # importing the engine's package imports the modules that register what a GPU engine prepares
+        from minisgl.engine.engine import gpu_preparation
+
+        doing = gpu_preparation(args.engine)
+        what += (", then " + " and ".join(doing)) if doing else ""
     return what
 
 
