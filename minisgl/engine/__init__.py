@@ -2,7 +2,8 @@ from minisgl.utils.settings import complete_config
 
 from .config import EngineConfig
 from .engine import Engine, fast_path, prepares_gpu
-from .sample import BatchSamplingArgs, Sampler, SamplerOutput, SamplingPlan, make_sampling_args, make_sampling_plan
+from .sample import (BatchSamplingArgs, Sampler, SamplerOutput, SamplingPlan, after_sampling, make_sampling_args,
+                     make_sampling_plan)
 
 # each module below plugs into the engine (a fast path, a GPU preparation step; a GPU engine builds
 # its fast paths first, then runs its steps in this order) and may bring settings (`extends_config`)
@@ -13,4 +14,5 @@ from .warmup import warm_up
 EngineConfig = complete_config(EngineConfig, __name__)
 
 __all__ = ["Engine", "EngineConfig", "fast_path", "prepares_gpu", "BatchSamplingArgs", "Sampler", "SamplerOutput",
-           "SamplingPlan", "make_sampling_args", "make_sampling_plan", "GraphConfig", "GraphRunner", "warm_up"]
+           "SamplingPlan", "after_sampling", "make_sampling_args", "make_sampling_plan", "GraphConfig", "GraphRunner",
+           "warm_up"]
