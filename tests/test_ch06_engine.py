@@ -284,3 +284,24 @@ def test_a_row_samples_the_same_token_whatever_shares_its_batch():
         batch = sampler.sample(logits, _args(4, seeds=seeds, top_k=3))
         assert int(batch[pos]) == int(sampler.sample(mine, _args(1, seeds=torch.tensor([42]), top_k=3)))
     assert alone.shape == (1,)
+
+
+def test_after_sampling_reports_read_the_untouched_logits_and_an_unknown_one_is_refused():
+    """A report a plan names runs after the draw on the model's own logits (a bias moved the draw,
+    not what the report sees); a plan naming a report nobody registered raises."""
+    from minisgl.engine.processors import LogitsArgs
+    from minisgl.engine.sample import SamplingPlan, after_sampling
+
+    @after_sampling("test-echo")
+    def echo(logits: torch.Tensor, tokens: torch.Tensor, scale: float) -> tuple:
+        return logits * scale, tokens
+
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    biased = LogitsArgs(bias_index=(torch.tensor([0]), torch.tensor([1])), bias_values=torch.tensor([-100.0]))
+    out = Sampler(3).run(logits, SamplingPlan(None, biased, reports={"test-echo": 2.0}))
+    assert out.tokens.tolist() == [2]  # the bias moved the greedy draw off token 1
+    seen, tokens = out.reports["test-echo"]
+    assert torch.equal(seen, logits * 2.0) and tokens is out.tokens
+    assert Sampler(3).run(logits, SamplingPlan(None, biased)).reports == {}
+    with pytest.raises(LookupError, match="no module registered"):
+        Sampler(3).run(logits, SamplingPlan(None, reports={"no-such-report": 1}))

@@ -2,7 +2,8 @@ from minisgl.utils.settings import complete_config
 
 from .config import EngineConfig
 from .engine import Engine, after_load, fast_path, prepares_gpu
-from .sample import BatchSamplingArgs, Sampler, SamplerOutput, SamplingPlan, make_sampling_args, make_sampling_plan
+from .sample import (BatchSamplingArgs, Sampler, SamplerOutput, SamplingPlan, after_sampling, make_sampling_args,
+                     make_sampling_plan)
 
 # each module below plugs into the engine (a fast path, a GPU preparation step; a GPU engine builds
 # its fast paths first, then runs its steps in this order) and may bring settings (`extends_config`)
@@ -16,5 +17,5 @@ from minisgl.kernel.swap import swap_in_kernels
 EngineConfig = complete_config(EngineConfig, __name__)
 
 __all__ = ["Engine", "EngineConfig", "after_load", "fast_path", "prepares_gpu", "BatchSamplingArgs", "Sampler",
-           "SamplerOutput", "SamplingPlan", "make_sampling_args", "make_sampling_plan", "GraphConfig", "GraphRunner",
-           "warm_up", "swap_in_kernels"]
+           "SamplerOutput", "SamplingPlan", "after_sampling", "make_sampling_args", "make_sampling_plan", "GraphConfig",
+           "GraphRunner", "warm_up", "swap_in_kernels"]

@@ -257,7 +257,7 @@ class Engine:
 
     def forward_batch(self, batch: Batch, plan: SamplingPlan | None) -> SamplerOutput:
         """Run the model on a prepared batch; returns the next token of each request (`.tokens`,
-        `[bs]` int32) and, where the plan asks, their log-probabilities."""
+        `[bs]` int32) and the after-sampling reports the plan asks for (`.reports`)."""
         # the layers read the KV pool and backend from the global context: make it this engine's,
         # so that several engines in one process (tests, notebooks) never use each other's pools
         set_global_ctx(self.ctx)

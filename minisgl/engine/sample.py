@@ -7,14 +7,15 @@ at every step. Sampling itself is the exponential race: `argmax(p_i / E_i)` with
 `E_i ~ Exp(1)` picks token i with probability p_i.
 
 Around the draw, `Sampler.run` first lets the logits processors (`processors.py`: penalties,
-biases, masks, min_p) change the logits, and afterwards reports log-probabilities for the rows
-that asked. Every step is a handful of batched tensor operations, whatever the mix of settings.
+biases, masks, min_p) change the logits, and afterwards runs the after-sampling reports the plan
+names: what a later module computes from the model's logits and the drawn tokens, registered with
+`after_sampling`. Every step is a handful of batched tensor operations, whatever the mix of settings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
@@ -104,20 +105,31 @@ class SamplingPlan:
 
     sampling: Optional[BatchSamplingArgs]  # the draw; None: every row is greedy
     logits: Optional[LogitsArgs] = None  # penalties, biases and masks; None: logits used as they are
-    top_logprobs: int = -1  # the most alternatives a row asked for (set by the scheduler); -1: none asked
+    # after-sampling reports this batch asks for: registered name -> its argument (set by the scheduler)
+    reports: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class SamplerOutput:
-    """One batch's sampled tokens and, where asked, their log-probabilities.
-
-    Log-probabilities are those of the model's own distribution, `log_softmax(logits)`, before
-    penalties, biases, masks and temperature (what transformers calls the raw logits)."""
+    """One batch's sampled tokens and the after-sampling reports its plan asked for, by name."""
 
     tokens: torch.Tensor  # [bs] int32
-    logprobs: Optional[torch.Tensor] = None  # [bs] float32: log p(the chosen token)
-    top_ids: Optional[torch.Tensor] = None  # [bs, k] int32: the k most likely tokens, most likely first
-    top_logprobs: Optional[torch.Tensor] = None  # [bs, k] float32
+    reports: Dict[str, Any] = field(default_factory=dict)
+
+
+# fn(logits, tokens, argument) -> the report: `logits` the model's own `[bs, vocab]` (before any
+# processor), `tokens` the drawn `[bs]` int32, `argument` what the plan put under the report's name
+AfterSampling = Callable[[torch.Tensor, torch.Tensor, Any], Any]
+_AFTER_SAMPLING: Dict[str, AfterSampling] = {}
+
+
+def after_sampling(name: str) -> Callable[[AfterSampling], AfterSampling]:
+    """Decorator: register a report `Sampler.run` computes after the draw for a plan whose `reports`
+    names it (its result goes to `SamplerOutput.reports[name]`). Registering a name again replaces it."""
+    def register(fn: AfterSampling) -> AfterSampling:
+        _AFTER_SAMPLING[name] = fn
+        return fn
+    return register
 
 
 class Sampler:
@@ -148,7 +160,7 @@ class Sampler:
         return torch.where(args.temperatures == 0, greedy, sampled).to(torch.int32)
 
     def run(self, logits: torch.Tensor, plan: Optional[SamplingPlan]) -> SamplerOutput:
-        """Process the logits, draw one token per row and report log-probabilities.
+        """Process the logits, draw one token per row and run the reports the plan names.
         logits: `[bs, vocab]` (left unchanged)."""
         if plan is None:
             return SamplerOutput(self.sample(logits, None))
@@ -158,9 +170,9 @@ class Sampler:
             if plan.logits.min_p is not None and plan.sampling is not None:
                 processed = apply_min_p(processed, plan.sampling.temperatures, plan.logits.min_p)
         out = SamplerOutput(self.sample(processed, plan.sampling))
-        if plan.top_logprobs >= 0:
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            out.logprobs = logprobs.gather(1, out.tokens.long()[:, None])[:, 0]
-            top = logprobs.topk(plan.top_logprobs, dim=-1)
-            out.top_ids, out.top_logprobs = top.indices.to(torch.int32), top.values
+        for name, arg in plan.reports.items():
+            if name not in _AFTER_SAMPLING:
+                raise LookupError(f"the sampling plan asks for the report {name!r}, which no module registered: import "
+                               f"the module that declares it (`after_sampling`), or drop it from the plan")
+            out.reports[name] = _AFTER_SAMPLING[name](logits, out.tokens, arg)
         return out

@@ -1,3 +1,6 @@
 from .llm import LLM, RequestOutput
 
-__all__ = ["LLM", "RequestOutput"]
+# each module below adds fields to `RequestOutput` (`extends_in_place`)
+from .logprobs import LogprobOutput
+
+__all__ = ["LLM", "RequestOutput", "LogprobOutput"]

@@ -3,9 +3,9 @@ instead of a socket and results collected in memory; the main loop is reused unc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -15,6 +15,13 @@ from minisgl.utils.misc import build_config
 from minisgl.utils.tokenizer import NO_CHAT_TEMPLATE, has_chat_template, has_tokenizer, load_tokenizer
 
 Prompt = Union[str, Sequence[int]]
+TOKEN_DETAIL = "token_detail"  # a `RequestOutput` field's metadata key: the `token_details` name it collects
+
+
+def per_token(detail: str) -> Any:
+    """A `RequestOutput` field that a later module adds (`extends_in_place`): one entry per token, what
+    the scheduler's `token_details` reported about it under the name `detail`."""
+    return field(default_factory=list, metadata={TOKEN_DETAIL: detail})
 
 
 @dataclass
@@ -25,11 +32,6 @@ class RequestOutput:
     text: str = ""
     finish_reason: Optional[str] = None
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    # for a request that asked for log-probabilities (a scheduler that computes them reports them,
-    # `token_details`), one entry per token: its log-probability, and the most likely (token id,
-    # log-probability) pairs at that position, most likely first
-    logprobs: List[float] = field(default_factory=list)
-    top_logprobs: List[Tuple[Tuple[int, float], ...]] = field(default_factory=list)
 
 
 class LLM(*scheduler_bases()):
@@ -117,9 +119,10 @@ class LLM(*scheduler_bases()):
                 out.cached_tokens = req.reused_len
             out.token_ids.append(token)
             details = self.token_details(req)
-            if "logprob" in details:
-                out.logprobs.append(details["logprob"])
-                out.top_logprobs.append(details["top_logprobs"])
+            for f in fields(out):  # a field declared with `per_token` collects the detail it names
+                name = f.metadata.get(TOKEN_DETAIL)
+                if name is not None and name in details:
+                    getattr(out, f.name).append(details[name])
         out.finish_reason = finish_reason
 
     def on_finish_unstarted(self, uid: int, reason: str) -> None:

@@ -1,10 +1,11 @@
 """Log-probabilities: each chosen token's, and the most likely alternatives at its position.
 
 A request asks with `SamplingParams.logprobs = k >= 0` (the field `LogprobParams` adds). The sampling
-plan asks the sampler for the most alternatives any row wants; the sampler computes them on the
-device with the tokens; `launch` starts their copy to the host beside the tokens', and
-`take_token` files the chosen token's log-probability and the top k (id, log-probability) pairs
-under the request (`token_logprobs`), from where `token_details` hands the latest to the front ends.
+plan asks for the sampler's log-probability report (`logprob_report`) with the most alternatives any
+row wants; the sampler computes it on the device with the tokens; `launch` starts its copy to the
+host beside the tokens', and `take_token` files the chosen token's log-probability and the top k
+(id, log-probability) pairs under the request (`token_logprobs`), from where `token_details` hands
+the latest to the front ends.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from minisgl.core import Batch, Req
 from minisgl.engine import SamplerOutput, SamplingPlan
-from minisgl.engine.logprobs import LogprobParams
+from minisgl.engine.logprobs import LOGPROB_REPORT, LogprobParams, LogprobReport
 
 from .config import SchedulerConfig
 from .scheduler import ForwardResult, extends_scheduler, to_host
@@ -26,7 +27,7 @@ LogprobEntry = Tuple[float, Tuple[Tuple[int, float], ...]]  # (its logprob, top 
 
 @dataclass
 class LogprobResult(ForwardResult):
-    logprobs: Optional[SamplerOutput] = None  # host copies, when a request of the batch asked
+    logprobs: Optional[LogprobReport] = None  # host copies, when a request of the batch asked
     _lists: Optional[tuple] = field(default=None, repr=False)
 
     def logprob_lists(self) -> tuple:
@@ -55,13 +56,16 @@ class LogprobMixin:
         top = max(r.sampling_params.logprobs for r in batch.reqs)
         if top < 0:
             return plan
-        return SamplingPlan(None, top_logprobs=top) if plan is None else replace(plan, top_logprobs=top)
+        if plan is None:
+            return SamplingPlan(None, reports={LOGPROB_REPORT: top})
+        return replace(plan, reports={**plan.reports, LOGPROB_REPORT: top})
 
     def make_result(self, batch: Batch, sampled: List[bool], out: SamplerOutput) -> ForwardResult:
         base = super().make_result(batch, sampled, out)
-        if out.logprobs is None:
+        report = out.reports.get(LOGPROB_REPORT)
+        if report is None:
             return base
-        copies = SamplerOutput(out.tokens, to_host(out.logprobs), to_host(out.top_ids), to_host(out.top_logprobs))
+        copies = LogprobReport(to_host(report.logprobs), to_host(report.top_ids), to_host(report.top_logprobs))
         return LogprobResult(base.batch, base.sampled, base.next_tokens, base.done, base.uids, copies)
 
     def take_token(self, result: ForwardResult, i: int, token: int) -> None:
