@@ -11,11 +11,11 @@ from .graph import GraphConfig, GraphRunner
 from .warmup import warm_up
 
 # a pass every engine runs over its model once loaded (`after_load`)
-from minisgl.kernel.swap import swap_in_kernels
+from .kernel_pass import kernel_pass
 
 # the config with every imported module's settings: what front ends build and ranks unpickle
 EngineConfig = complete_config(EngineConfig, __name__)
 
 __all__ = ["Engine", "EngineConfig", "after_load", "fast_path", "prepares_gpu", "BatchSamplingArgs", "Sampler",
            "SamplerOutput", "SamplingPlan", "after_sampling", "make_sampling_args", "make_sampling_plan", "GraphConfig",
-           "GraphRunner", "warm_up", "swap_in_kernels"]
+           "GraphRunner", "warm_up", "kernel_pass"]

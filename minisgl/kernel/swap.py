@@ -76,9 +76,3 @@ def swap_in_kernels(model: BaseOP) -> Dict[str, int]:
     cpu_gemm.give_back_freed_memory()  # the memory of the plain weights that packing dropped
     return dict(swapped)
 
-
-# registered last: the engine's package imports this module, so when this module is imported first it
-# must hold `swap_in_kernels` before the engine's package is loaded
-from minisgl.engine.engine import after_load  # noqa: E402
-
-after_load("swap kernels into the model's layers")(swap_in_kernels)

@@ -1,0 +1,17 @@
+"""The kernel pass, registered with the engine: every engine swaps the package's kernels into its
+model's layers once the weights are in (`minisgl.kernel.swap`). Registered from the engine's side,
+since the kernels sit below the engine; the kernels (and Triton) load when the first model does,
+not when the engine is imported, so a program may still choose Triton's interpreter first."""
+
+from typing import Dict
+
+from minisgl.layers.base import BaseOP
+
+from .engine import after_load
+
+
+@after_load("swap kernels into the model's layers")
+def kernel_pass(model: BaseOP) -> Dict[str, int]:
+    from minisgl.kernel.swap import swap_in_kernels
+
+    return swap_in_kernels(model)
