@@ -1,7 +1,7 @@
 """The pass that puts the kernels into a loaded model: the model and layer code stay plain PyTorch.
 
-After the weights are loaded, the engine runs `swap_in_kernels` once over the model (a pass this module
-registers with the engine's `after_load`). On a GPU, each
+After the weights are loaded, the engine runs `swap_in_kernels` once over the model (the pass that
+`minisgl/engine/kernel_pass.py` registers with the engine's `after_load`). On a GPU, each
 layer that a kernel serves becomes its kernel-backed class (`GPU_LAYERS`, the same object with
 its weights, another forward). On the CPU in float32, each projection's weight is converted to
 oneDNN's blocked layout and the plain copy dropped (`cpu_gemm`), and the projections and the LM head
