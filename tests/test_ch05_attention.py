@@ -125,6 +125,17 @@ def test_registry_picks_torch_on_cpu_and_rejects_unknown_names():
         create_attention_backend("magic", pool, table)
 
 
+
+def test_auto_with_no_runnable_backend_says_why_each_cannot_run(monkeypatch):
+    from minisgl.attention import registry
+
+    registry.backend_names()  # every backend registered
+    refused = {n: registry.BackendEntry(e.make, e.priority, lambda *a, n=n: f"{n} refuses")
+               for n, e in registry._BACKENDS.items()}
+    monkeypatch.setattr(registry, "_BACKENDS", refused)
+    with pytest.raises(ValueError, match="no attention backend runs on cpu.*torch: torch refuses"):
+        registry.resolve_backend_name("auto", CPU, torch.float32, D)
+
 # ---- the base class's forward is the plain sequence: qk (norms, RoPE), then attend ------------
 
 
