@@ -1,7 +1,8 @@
 """Messages between the processes of the server, and their wire format."""
 
 from .backend import AbortMsg, ExitMsg, StatusQuery, UserMsg
-from .frontend import ErrorReply, TokenLogprob, UserReply
+from .frontend import ErrorReply, UserReply
+from .logprobs import TokenLogprob
 from .serde import BatchMsg, SerdeError, deserialize, message, serialize
 from .tokenizer import DetokenizeMsg, SchedulerErrorMsg, StatusMsg, TokenizeMsg
 

@@ -10,18 +10,6 @@ from .serde import message
 
 @message
 @dataclass
-class TokenLogprob:
-    """A token's log-probability as the API reports it: its text, its UTF-8 bytes (a token may
-    hold part of a character) and, for a chosen token, the most likely alternatives."""
-
-    token: str
-    logprob: float
-    bytes: List[int]
-    top: List["TokenLogprob"] = field(default_factory=list)
-
-
-@message
-@dataclass
 class UserReply:
     """New text for one request. The last reply has `finished=True` and a finish reason."""
 
@@ -32,7 +20,6 @@ class UserReply:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # so far
     token_ids: List[int] = field(default_factory=list)  # new tokens since the previous reply
-    logprobs: List[TokenLogprob] = field(default_factory=list)  # one per token in token_ids, if asked
 
 
 @message

@@ -30,15 +30,11 @@ class TokenizeMsg:
 @message
 @dataclass
 class DetokenizeMsg:
-    """One generated token. `token` is None when the request ends without a new token (abort).
-    With `SamplingParams.logprobs >= 0`, `logprob` is the token's log-probability and
-    `top_logprobs` the most likely (token id, log-probability) pairs, most likely first."""
+    """One generated token. `token` is None when the request ends without a new token (abort)."""
 
     uid: int
     token: Optional[int]
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" on the request's last message
-    logprob: Optional[float] = None
-    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @message

@@ -151,7 +151,7 @@ class TokenizerWorker:
         if not safe and reason is None:
             return []  # nothing certain yet (half a character, or maybe a stop string)
         reply = UserReply(msg.uid, safe, reason is not None, reason, st.prompt_tokens, st.completion_tokens,
-                          st.unsent_ids, st.unsent_logprobs)
+                          st.unsent_ids, logprobs=st.unsent_logprobs)
         st.unsent_ids, st.unsent_logprobs = [], []
         if reason is not None:
             del self.streams[msg.uid]
