@@ -256,7 +256,7 @@ class EmulatedGraph:
 def cpu_graph_backend(engine):
     """The engine's torch attention backend, as a class with CUDA-graph support registered
     (`minisgl.attention.graph_support`), so `GraphRunner.run` can be driven on the CPU: padding
-    requests (beyond `batch.reqs`, up to `batch.padded_size`) read and write only the page
+    requests (beyond `batch.reqs`, up to the size the runner replays) read and write only the page
     table's dummy row, exactly as FlashInfer's graph support arranges on GPUs. The torch backend
     itself registers none: an engine never captures it."""
     from types import SimpleNamespace
@@ -273,8 +273,8 @@ def cpu_graph_backend(engine):
             self.backend = backend
             self.planned: dict = {}  # padded batch size -> the metadata its graph reads (fixed buffers on GPUs)
 
-        def prepare_for_replay(self, batch) -> None:
-            rows, kv_lens = padded_rows(batch, self.backend.page_table.shape[0] - 1)  # the dummy row
+        def prepare_for_replay(self, batch, size: int) -> None:
+            rows, kv_lens = padded_rows(batch, size, self.backend.page_table.shape[0] - 1)  # the dummy row
             pad = [SimpleNamespace(table_idx=row, device_len=n, cached_len=0, extend_len=1)
                    for row, n in zip(rows[batch.size :], kv_lens[batch.size :])]
             reqs, batch.reqs = batch.reqs, list(batch.reqs) + pad
@@ -282,7 +282,7 @@ def cpu_graph_backend(engine):
                 self.backend.prepare_metadata(batch)
             finally:
                 batch.reqs = reqs
-            self.planned[batch.padded_size] = batch.attn_metadata
+            self.planned[size] = batch.attn_metadata
 
     backend = CpuGraphBackend(engine.kv_cache, engine.page_table, engine.dummy_page * engine.page_size)
     engine.attn_backend = engine.ctx.attn_backend = backend
@@ -301,7 +301,7 @@ def emulated_graph_runner(engine, max_bs: int):
             engine, ctx = self.engine, self.engine.ctx
             for bs in reversed(self.bs_list):
                 batch = self._static_batch(bs)
-                self.attn_support.prepare_for_capture(batch)
+                self.attn_support.prepare_for_capture(batch, bs)
 
                 def forward(batch=batch, bs=bs):
                     batch.attn_metadata = self.attn_support.planned[bs]  # re-planned before each replay

@@ -215,7 +215,6 @@ class Batch:
     out_loc: Optional[torch.Tensor] = None  # [num_tokens] KV slots the new tokens are written to
     last_indices: Optional[torch.Tensor] = None  # [bs] each request's last token in the flat dim
     attn_metadata: Optional["BaseAttnMetadata"] = None
-    padded_size: int = 0  # rows the forward pass runs: `size`, plus any dummy rows after the real ones
 
     @property
     def size(self) -> int:

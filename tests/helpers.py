@@ -261,7 +261,6 @@ def fill_batch(batch, page_table: torch.Tensor) -> None:
     batch.positions = pos
     batch.out_loc = page_table[rows, pos].long()
     batch.last_indices = (torch.cumsum(lens, 0) - 1).to(dev)
-    batch.padded_size = batch.size
 
 
 def engine_logits(engine, reqs, phase: str) -> torch.Tensor:

@@ -330,7 +330,6 @@ def teacher_forced_logits(path: str, rank: int, size: int, ids: List[int], dtype
     batch.positions = torch.arange(n, device=dev)
     batch.out_loc = torch.arange(n, device=dev)
     batch.last_indices = torch.arange(n, device=dev)
-    batch.padded_size = 1
     set_global_ctx(engine.ctx)
     engine.attn_backend.prepare_metadata(batch)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):

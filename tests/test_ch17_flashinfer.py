@@ -99,7 +99,7 @@ def make_batch(kv_cache: MHAKVCache, page_table: torch.Tensor, specs: List[Tuple
     dev = page_table.device
     rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in reqs]).to(dev)
     pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(dev)
-    return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long(), padded_size=len(reqs))
+    return Batch(reqs, phase, positions=pos, out_loc=page_table[rows, pos].long())
 
 
 def make_qkv(tokens: int, d: int, hq: int = HQ, hkv: int = HKV, device: str = "cuda"):
@@ -219,11 +219,10 @@ def _decode_routes(make, d: int, max_bs: int = 160) -> dict:
     support = graph_support_for(backend)(backend, max_bs, ladder)  # chapter 18's fixed buffers
     routes = {}
     for bs in range(1, max_bs + 1):
-        sub = Batch(batch.reqs[:bs], "decode", positions=batch.positions[:bs], out_loc=batch.out_loc[:bs], padded_size=bs)
+        sub = Batch(batch.reqs[:bs], "decode", positions=batch.positions[:bs], out_loc=batch.out_loc[:bs])
         backend.prepare_metadata(sub)
         eager = sub.attn_metadata
-        sub.padded_size = min(size for size in ladder if size >= bs)
-        support.prepare_for_replay(sub)
+        support.prepare_for_replay(sub, min(size for size in ladder if size >= bs))
         for how, meta in (("eager", eager), ("graph", sub.attn_metadata)):
             wrapper = getattr(meta, "wrapper", None)
             routes[bs, how] = (type(meta).__name__, type(wrapper).__name__ if wrapper is not None else None)

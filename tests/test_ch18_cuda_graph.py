@@ -79,7 +79,7 @@ def test_a_registered_backend_is_captured_and_one_without_is_not(monkeypatch):
         def __init__(self, backend, max_bs, bs_list):
             self.sizes = (max_bs, bs_list)
 
-        def prepare_for_replay(self, batch) -> None:
+        def prepare_for_replay(self, batch, size) -> None:
             pass
 
     def engine(cls):
@@ -100,11 +100,11 @@ def test_a_runner_refuses_a_backend_without_graph_support():
 
 def test_padding_requests_read_one_key_on_the_dummy_row():
     reqs = [types.SimpleNamespace(table_idx=3, device_len=40), types.SimpleNamespace(table_idx=0, device_len=7)]
-    batch = types.SimpleNamespace(reqs=reqs, size=2, padded_size=4)
-    assert padded_rows(batch, dummy_row=9) == ([3, 0, 9, 9], [40, 7, 1, 1])
-    batch.padded_size = 1
+    batch = types.SimpleNamespace(reqs=reqs, size=2)
+    assert padded_rows(batch, 4, dummy_row=9) == ([3, 0, 9, 9], [40, 7, 1, 1])
+    assert padded_rows(batch, 2, dummy_row=9) == ([3, 0], [40, 7])  # a batch on a rung: no padding
     with pytest.raises(ValueError, match="below the batch size 2"):
-        padded_rows(batch, dummy_row=9)
+        padded_rows(batch, 1, dummy_row=9)
 
 
 def test_a_decode_step_dispatches_as_many_operators_at_any_batch_size(models_dir):
@@ -165,8 +165,8 @@ def graph_against_torch(make: Callable, specs, padded: int, page_size: int, d: i
     sq, sk, sv = make_qkv(padded, d)
     positions = torch.zeros(padded, dtype=torch.int64, device="cuda")
     out_loc = torch.zeros(padded, dtype=torch.int64, device="cuda")  # slot 0: the dummy page
-    static = Batch([], "decode", positions=positions, out_loc=out_loc, padded_size=padded)
-    support.prepare_for_capture(static)
+    static = Batch([], "decode", positions=positions, out_loc=out_loc)
+    support.prepare_for_capture(static, padded)
     backend.forward(sq, sk, sv, 0, static, qk)  # warm-up: compiles, allocates outside the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -177,8 +177,7 @@ def graph_against_torch(make: Callable, specs, padded: int, page_size: int, d: i
         s[:bs].copy_(t)
     positions[:bs].copy_(batch.positions)
     out_loc[:bs].copy_(batch.out_loc)
-    batch.padded_size = padded
-    support.prepare_for_replay(batch)
+    support.prepare_for_replay(batch, padded)
     graph.replay()
     torch.cuda.synchronize()
     got = (static_out[:bs].clone(), kv.buffer[:, :, page_size:].clone())

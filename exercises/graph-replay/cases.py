@@ -50,16 +50,37 @@ def _run(obs: Obs, model: str, prompts, max_tokens, max_bs: int = 8) -> None:
 
     sched, runner = _emulated(model, max_bs)
     step = {"n": 0}
-    run = runner.run
+    run, support = runner.run, runner.attn_support
+    plan = support.prepare_for_replay
+    planned, replayed = [], []  # this replay's: sizes the graph support planned, graphs replayed
+
+    def planning(batch, size):
+        planned.append(size)
+        return plan(batch, size)
+
+    def replayer(size, graph):
+        replay = graph.replay
+
+        def counted():
+            replayed.append(size)
+            replay()
+        return counted
+
+    support.prepare_for_replay = planning
+    for size, graph in runner.graphs.items():
+        graph.replay = replayer(size, graph)
 
     def recorded(batch):
         bs = batch.size
+        planned.clear()
+        replayed.clear()
         logits = run(batch)
-        pad = batch.padded_size
+        pad = replayed[-1] if replayed else bs
         tag = f"decode replay {step['n']} (batch of {bs})"
-        obs.eq(f"{tag}: batch.padded_size", pad)
-        obs.eq(f"{tag}: static out_loc[:padded_size]", runner.out_loc[:pad])
-        obs.eq(f"{tag}: static positions[:padded_size]", runner.positions[:pad])
+        obs.eq(f"{tag}: graphs replayed", list(replayed))
+        obs.eq(f"{tag}: sizes the graph support planned", sorted(set(planned)))  # planning twice is harmless
+        obs.eq(f"{tag}: static out_loc[:replayed size]", runner.out_loc[:pad])
+        obs.eq(f"{tag}: static positions[:replayed size]", runner.positions[:pad])
         obs.eq(f"{tag}: static input_ids[:batch size]", runner.input_ids[:bs])
         obs.eq(f"{tag}: shape of the returned logits", list(logits.shape))
         obs.close(f"{tag}: returned logits (first 64 columns)", logits[:, :64])

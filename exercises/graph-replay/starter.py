@@ -22,9 +22,9 @@ class GraphRunner(EngineGraphRunner):
 
         The graphs read `self.input_ids`, `self.positions` and `self.out_loc` (prefixes as long as
         the captured size) and write `self.logits[size]`; `self.graphs[size].replay()` runs one.
-        Record the size you pad to in `batch.padded_size`, and make sure padding rows write only
-        to `self.dummy_slot` (at position 0). The attention backend's graph support (built before
-        capture, it owns the fixed buffers the graphs' attention reads) must plan the padded batch
-        before the replay: `self.attn_support.prepare_for_replay(batch)`.
+        Make sure padding rows write only to `self.dummy_slot` (at position 0). The attention
+        backend's graph support (built before capture, it owns the fixed buffers the graphs'
+        attention reads) must plan the batch, padded to the size you replay, before the replay:
+        `self.attn_support.prepare_for_replay(batch, size)`.
         """
         raise NotImplementedError("graph-replay: write GraphRunner.run")

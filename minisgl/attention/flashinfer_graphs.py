@@ -44,6 +44,6 @@ class FlashInferGraphSupport(AttnGraphSupport):
             for bs in bs_list
         }
 
-    def prepare_for_replay(self, batch: "Batch") -> None:
-        rows, kv_lens = padded_rows(batch, dummy_row_of(self.backend.page_table))
-        batch.attn_metadata = self.backend.plan_decode(self.wrappers[batch.padded_size], rows, kv_lens)
+    def prepare_for_replay(self, batch: "Batch", size: int) -> None:
+        rows, kv_lens = padded_rows(batch, size, dummy_row_of(self.backend.page_table))
+        batch.attn_metadata = self.backend.plan_decode(self.wrappers[size], rows, kv_lens)

@@ -7,6 +7,10 @@ captured batch sizes, owning the fixed buffers its kernels will read, which fill
 the capture of each size and before every replay. A backend with no support registered (the
 torch backend) is never captured: its decode steps run eagerly.
 
+The size a batch is padded to is the graph's, not the batch's: the runner picks, for each replay,
+the captured size that holds the batch, and passes it to the support's `prepare_for_*` calls. A
+batch holds only its real requests; the padding requests exist only in what the support plans.
+
 `graph_support_for` looks along the backend's class hierarchy, so a subclass without support of
 its own is captured as its parent is. FlashInfer's support is a module of its own, loaded when
 first asked for; a backend defined after this chapter registers its support where it is defined.
@@ -33,15 +37,16 @@ FLASHINFER_GRAPHS_MODULE = "minisgl.attention.flashinfer_graphs"  # registers Fl
 class AttnGraphSupport(ABC):
     """One backend's fixed buffers for every captured batch size, and how it fills them."""
 
-    def prepare_for_capture(self, batch: "Batch") -> None:
-        """Set `batch.attn_metadata` for the capture of `batch.padded_size` rows, every one of them
+    def prepare_for_capture(self, batch: "Batch", size: int) -> None:
+        """Set `batch.attn_metadata` for the capture of the graph of `size` rows, every one of them
         padding; by default exactly as for a replay."""
-        self.prepare_for_replay(batch)
+        self.prepare_for_replay(batch, size)
 
     @abstractmethod
-    def prepare_for_replay(self, batch: "Batch") -> None:
-        """Plan `batch`, padded to `batch.padded_size` rows, into the buffers the graph of that size
-        reads, and set `batch.attn_metadata` to what its kernels were captured with."""
+    def prepare_for_replay(self, batch: "Batch", size: int) -> None:
+        """Plan `batch`, padded to `size` rows (the captured size about to be replayed), into the
+        buffers the graph of that size reads, and set `batch.attn_metadata` to what its kernels
+        were captured with."""
 
 
 # (backend, largest captured batch size, the captured sizes) -> the backend's graph support
@@ -77,13 +82,13 @@ def dummy_row_of(page_table: "torch.Tensor") -> int:
     return page_table.shape[0] - 1
 
 
-def padded_rows(batch: "Batch", dummy_row: int) -> Tuple[List[int], List[int]]:
-    """Page-table rows and key counts of a graph's batch: the batch's requests, then one padding
-    request per row up to `batch.padded_size`, each on the dummy row with one key (its own slot)."""
-    pad = batch.padded_size - batch.size
+def padded_rows(batch: "Batch", size: int, dummy_row: int) -> Tuple[List[int], List[int]]:
+    """Page-table rows and key counts of `batch` in the graph of `size` rows: the batch's requests,
+    then one padding request per row up to `size`, each on the dummy row with one key (its own slot)."""
+    pad = size - batch.size
     if pad < 0:
-        raise ValueError(f"padded size {batch.padded_size} is below the batch size {batch.size}: set "
-                         "batch.padded_size to a captured size that holds the batch before planning a replay")
+        raise ValueError(f"padded size {size} is below the batch size {batch.size}: plan the replay for a "
+                         "captured size that holds the batch (GraphRunner.padded_size)")
     rows = [r.table_idx for r in batch.reqs] + [dummy_row] * pad
     kv_lens = [r.device_len for r in batch.reqs] + [1] * pad
     return rows, kv_lens

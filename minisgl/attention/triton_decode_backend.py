@@ -154,8 +154,8 @@ class TritonDecodeGraphSupport(AttnGraphSupport):
         self.backend = backend
         self.decode = torch.zeros(3 * -(-max_bs // 4) * 4, dtype=torch.int32, device=backend.device)
 
-    def prepare_for_replay(self, batch: "Batch") -> None:
-        rows, kv_lens = padded_rows(batch, dummy_row_of(self.backend.page_table))
+    def prepare_for_replay(self, batch: "Batch", size: int) -> None:
+        rows, kv_lens = padded_rows(batch, size, dummy_row_of(self.backend.page_table))
         batch.attn_metadata = self.backend._decode_metadata(rows, kv_lens, out=self.decode)
 
 

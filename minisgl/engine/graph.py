@@ -97,7 +97,7 @@ class GraphRunner:
 
     def _static_batch(self, bs: int) -> Batch:
         return Batch(reqs=[], phase="decode", input_ids=self.input_ids[:bs], positions=self.positions[:bs],
-                     out_loc=self.out_loc[:bs], padded_size=bs)
+                     out_loc=self.out_loc[:bs])
 
     def _capture_all(self) -> None:
         engine = self.engine
@@ -114,7 +114,7 @@ class GraphRunner:
             # largest first: smaller graphs then fit in the memory the larger one left in the pool
             for bs in reversed(self.bs_list):
                 batch = self._static_batch(bs)
-                self.attn_support.prepare_for_capture(batch)
+                self.attn_support.prepare_for_capture(batch, bs)
                 with ctx.forward_batch(batch):
                     engine.model.forward()  # warm-up: compiles kernels, allocates outside the graph
                 torch.cuda.synchronize(engine.device)
@@ -138,7 +138,6 @@ class GraphRunner:
         """Replay the graph for `batch` (padded); returns logits `[batch.size, vocab]`."""
         bs = batch.size
         pad = self.padded_size(bs)
-        batch.padded_size = pad
         self.input_ids[:bs].copy_(batch.input_ids)
         self.positions[:bs].copy_(batch.positions)
         self.out_loc[:bs].copy_(batch.out_loc)
@@ -146,7 +145,7 @@ class GraphRunner:
             # rows past the batch may hold an earlier batch's slots: point them at the dummy page
             self.out_loc[bs:pad].fill_(self.dummy_slot)
             self.positions[bs:pad].zero_()
-        self.attn_support.prepare_for_replay(batch)
+        self.attn_support.prepare_for_replay(batch, pad)
         self.graphs[pad].replay()
         return self.logits[pad][:bs]
 

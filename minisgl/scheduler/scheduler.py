@@ -217,7 +217,6 @@ class Scheduler:
         batch.input_ids = self.table.token_pool[rows_d, pos_d]
         batch.out_loc = self.table.page_table[rows_d, pos_d].long()
         batch.last_indices = packed[2 * n :]
-        batch.padded_size = batch.size
 
     def sampling_plan(self, batch: Batch, bitmask: Optional[torch.Tensor] = None) -> Optional[SamplingPlan]:
         """What the sampler does to this batch's logits (None: plain greedy); `bitmask`, when given,
