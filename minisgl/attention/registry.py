@@ -71,8 +71,9 @@ def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = t
     problems = {n: entry.problem(device, dtype, head_dim) for n, entry in _BACKENDS.items()}
     runnable = [(_BACKENDS[n].priority, n) for n, problem in problems.items() if problem is None]
     if not runnable:
-        raise ValueError(f"no attention backend runs on {device} with {dtype} and head size {head_dim}: "
-                         + "; ".join(f"{n}: {p}" for n, p in problems.items()) + ". Name a backend whose problem you can fix")
+        why = "; ".join(f"{n}: {p}" for n, p in problems.items())
+        raise ValueError(f"no attention backend runs on {device} with {dtype} and head size {head_dim} ({why}); "
+                         "name a backend and fix what keeps it from running")
     return max(runnable)[1]
 
 
