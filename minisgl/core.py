@@ -206,7 +206,7 @@ Phase = Literal["prefill", "decode"]
 @dataclass
 class Batch:
     """Requests forwarded together. Built in two passes: the scheduler picks ``reqs`` and
-    ``phase``; ``prepare`` fills the tensors; the attention backend adds ``attn_metadata``."""
+    ``phase``; the scheduler's ``prepare`` fills the tensors; the attention backend adds ``attn_metadata``."""
 
     reqs: List[Req]
     phase: Phase
