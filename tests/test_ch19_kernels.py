@@ -103,12 +103,14 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype, tol: Optional[float] = 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_store_kv_kernel(dtype):
+    # against the KV pool's own store (chapter 4), the plain code the kernel replaces
     q, k, v = _qkv(37, 16, 8, 128, dtype, "cuda")
-    k_cache = torch.full((1000, 8, 128), float("nan"), dtype=dtype, device="cuda")
-    v_cache = k_cache.clone()
+    pool = MHAKVCache(1, 1000, 1, 8, 128, dtype, torch.device("cuda"))
+    pool.buffer.fill_(float("nan"))
+    k_cache, v_cache = pool.k_cache(0).clone(), pool.v_cache(0).clone()
     loc = torch.randperm(1000, device="cuda")[:37]
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    K.store_kv_ref(k, v, want_k, want_v, loc)
+    pool.store_kv(k, v, loc, 0)
+    want_k, want_v = pool.k_cache(0), pool.v_cache(0)
     K.store_kv(k, v, k_cache, v_cache, loc)
     assert torch.equal(k_cache.nan_to_num(7.0), want_k.nan_to_num(7.0)) and torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
 
