@@ -1,7 +1,7 @@
 """The kernel pass, registered with the engine: every engine swaps the package's kernels into its
 model's layers once the weights are in (`minisgl.kernel.swap`). Registered from the engine's side,
-since the kernels sit below the engine; the kernels (and Triton) load when the first model does,
-not when the engine is imported, so a program may still choose Triton's interpreter first."""
+since the kernels sit below the engine. Importing the engine loads neither the kernels nor Triton
+(an engine's attention backend or this pass does), so a program may still choose Triton's interpreter."""
 
 from typing import Dict
 
