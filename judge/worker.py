@@ -197,6 +197,20 @@ def _confine(job: Dict[str, Any], learner_file: str) -> None:
         _check_gpu_kept()
 
 
+# The engine as `LLM` and the server compose it. A later chapter's part extends some earlier classes in
+# place (`SamplingParams`' request fields): importing it all gives every worker, forked from the fork
+# server (which imported it) or started afresh, the same classes and so the same observations.
+ENGINE_PACKAGES = ("minisgl.core", "minisgl.kvcache", "minisgl.models", "minisgl.attention", "minisgl.engine",
+                   "minisgl.scheduler")
+
+
+def import_engine() -> None:
+    import importlib
+
+    for name in ENGINE_PACKAGES:
+        importlib.import_module(name)
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     out = open(job["out"], "a")
@@ -208,6 +222,8 @@ def main(job_path: str) -> int:
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     from judge import install, registry
     from judge.api import Obs
+
+    import_engine()  # before the cases and the learner's code, as in a forked worker
 
     learner_file = os.path.abspath(job["file"]) if job.get("file") else None
     # the cases (and an instructor's hidden ones) are read before any of the learner's code runs

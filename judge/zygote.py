@@ -37,13 +37,9 @@ from judge.files import write_whole  # the runner never sees half a line
 def _preload() -> None:
     import torch  # noqa: F401
 
-    import minisgl.attention  # noqa: F401
-    import minisgl.core  # noqa: F401
-    import minisgl.engine  # noqa: F401
-    import minisgl.kvcache  # noqa: F401
-    import minisgl.models  # noqa: F401
-    import minisgl.scheduler  # noqa: F401
     from judge import api, harness, install, privileges, registry, sandbox, seccomp, speed, worker  # noqa: F401
+
+    worker.import_engine()
 
 
 def _load_cases(exercise_id: str) -> None:

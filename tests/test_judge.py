@@ -55,6 +55,10 @@ def test_fresh_interpreter_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "USE_ZYGOTE", False)
     result = grade("req-lengths", SOLUTION, seed=6, save=False)
     assert result.ok, str(result)
+    # a fresh worker imports the engine as the fork server does: SamplingParams carries chapter 13's
+    # fields in both, so message-serde's observations match the recording made with a fork server
+    result = grade("message-serde", variants.solution_file("message-serde"), seed=1, save=False)
+    assert result.ok and any("compared with the recorded reference outputs" in n for n in result.notes), str(result)
 
 
 def test_wrong_answer_reports_first_difference(tmp_path: Path) -> None:

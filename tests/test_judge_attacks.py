@@ -49,6 +49,19 @@ def _machine(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(cgroups, "make", lambda: None)
 
 
+
+@pytest.fixture
+def fork_server(monkeypatch: pytest.MonkeyPatch):
+    """Grade on the CPU with a fork server, as a machine without a GPU does: on a GPU (or with
+    MINISGL_JUDGE_FORK=0) each worker is a fresh interpreter and there is no server to attack."""
+    import importlib
+
+    from judge import runner
+
+    monkeypatch.setattr(runner, "USE_ZYGOTE", True)
+    monkeypatch.setattr(importlib.import_module("judge.grade"), "cuda_available", lambda: False)
+    return runner
+
 def requires(*names: str):
     """A test of what a protection of `judge.confinement` stops. Where this machine lacks one, the
     test asserts instead that the judge refuses to grade a class here unless told to go on."""
@@ -202,17 +215,22 @@ open({str(leak)!r}, "w").write(" ".join(_got))
 
 # ---- signals and processes ---------------------------------------------------------------------------
 @requires("processes")
-def test_signals_reach_no_process_outside_the_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["forked", "fresh"])
+def test_signals_reach_no_process_outside_the_worker(tmp_path: Path, fork_server, workers: str) -> None:
     # signal 0 asks the kernel whether a signal would be delivered, and delivers none; the pids
-    # are the judge's view of them (in a pid namespace of its own the worker sees none of them)
-    from judge import runner
-
-    assert grade(EX, SOLUTION, seed=1, save=False).ok  # a fork server is running
-    server = runner.Zygote._procs[False].pid
+    # are the judge's view of them (in a pid namespace of its own the worker sees none of them).
+    # "fresh": each worker a new interpreter, as on a GPU, with no fork server to reach
+    runner = fork_server
+    targets = [os.getpid()]
+    if workers == "forked":
+        assert grade(EX, SOLUTION, seed=1, save=False).ok  # a fork server is running
+        targets.append(runner.Zygote._procs[False].pid)
+    else:
+        fork_server.USE_ZYGOTE = False  # undone with the fixture's patch
     leak = tmp_path / "leak"
     path = _learner(tmp_path, "signals", f"""import os as _os
 _reached = []
-for _pid in ({server}, {os.getpid()}, int(_os.environ["MINISGL_JUDGE_PROCESS"])):
+for _pid in ({", ".join(map(str, targets))}, int(_os.environ["MINISGL_JUDGE_PROCESS"])):
     try:
         _os.kill(_pid, 0)
         _reached.append(_pid)
@@ -286,10 +304,9 @@ open({str(leak)!r}, "w").write(_json.dumps({{"seen": _seen, "me": _os.getpid(), 
             confinement.require(allow_weaker=False)
 
 
-def test_a_stopped_fork_server_costs_no_time() -> None:
+def test_a_stopped_fork_server_costs_no_time(fork_server) -> None:
     # where signals are not scoped, graded code can SIGSTOP the fork server; here the test does it
-    from judge import runner
-
+    runner = fork_server
     assert grade(EX, SOLUTION, seed=1, save=False).ok  # a fork server is running
     server = runner.Zygote._procs[False]
     os.kill(server.pid, signal.SIGSTOP)
