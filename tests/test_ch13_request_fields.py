@@ -113,6 +113,25 @@ def test_sampling_params_gets_chapter_13s_fields_from_chapter_13s_modules():
     assert not any(name in source for name in added)  # chapter 1 names none of them
 
 
+
+def test_the_tokenizer_process_decodes_every_field_a_request_carries():
+    # a process that imports the tokenizer worker and nothing more (as the server's tokenizer process
+    # could) must rebuild a request with chapter 13's fields, not fail or drop them
+    import subprocess
+    import sys
+
+    from minisgl.message import TokenizeMsg
+    from minisgl.message.serde import serialize
+
+    import minisgl.scheduler  # noqa: F401  (the sender: the complete package)
+    from minisgl.core import SamplingParams
+
+    msg = TokenizeMsg(1, "hi", False, SamplingParams(max_tokens=4, json_mode="object", logprobs=2))
+    child = ("import sys; from minisgl.tokenizer.worker import TokenizerWorker; from minisgl.message.serde import deserialize; "
+             "p = deserialize(sys.stdin.buffer.read()).sampling_params; print(p.json_mode, p.logprobs)")
+    run = subprocess.run([sys.executable, "-c", child], input=serialize(msg), capture_output=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.decode().split() == ["object", "2"], run.stderr.decode()[-2000:]
+
 @pytest.mark.parametrize("kw, field", [
     (dict(logprobs=21), "logprobs"),
     (dict(logprobs=-2), "logprobs"),

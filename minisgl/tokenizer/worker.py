@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 import zmq
 
 from minisgl.core import InvalidRequestError, too_long
+from minisgl.engine.grammar import JsonParams  # noqa: F401  (declares `SamplingParams.json_mode`, which requests carry)
 from minisgl.engine.logprobs import LogprobParams  # noqa: F401  (declares `SamplingParams.logprobs`, read here)
 from minisgl.message import (
     AbortMsg,
