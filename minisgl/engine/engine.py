@@ -147,8 +147,8 @@ def load_passes() -> Tuple[str, ...]:
 
 
 def gpu_preparation(config: EngineConfig) -> Tuple[str, ...]:
-    """What a GPU engine built from `config` does before it serves, in the order it does it, as a
-    start-up message says it: the registered preparation steps, then the fast paths `config` asks for."""
+    """What a GPU engine built from `config` does before it serves, as its start-up messages say it:
+    the registered preparation steps and the fast paths `config` asks for."""
     return (*_GPU_STEPS, *(doing for doing, _, wanted in _FAST_PATHS.values() if wanted(config)))
 
 
@@ -216,12 +216,13 @@ class Engine:
 
     def _prepare_gpu(self) -> None:
         """Build the registered fast paths, then run the registered preparation steps."""
-        doing = list(_GPU_STEPS) + [what for what, _, _ in _FAST_PATHS.values()]
-        if not doing:
+        if not _GPU_STEPS and not _FAST_PATHS:
             return
         start = time.perf_counter()
-        print(f"minisgl: {' and '.join(doing)} (up to a minute or two on a fresh machine)", file=sys.stderr,
-              flush=True)
+        doing = gpu_preparation(self.config)
+        if doing:
+            print(f"minisgl: {' and '.join(doing)} (up to a minute or two on a fresh machine)", file=sys.stderr,
+                  flush=True)
         for attribute, (_, build, _) in _FAST_PATHS.items():
             setattr(self, attribute, build(self))
         for step in _GPU_STEPS.values():

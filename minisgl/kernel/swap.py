@@ -75,4 +75,3 @@ def swap_in_kernels(model: BaseOP) -> Dict[str, int]:
             op.__class__ = cls
     cpu_gemm.give_back_freed_memory()  # the memory of the plain weights that packing dropped
     return dict(swapped)
-
