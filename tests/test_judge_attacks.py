@@ -216,7 +216,8 @@ open({str(leak)!r}, "w").write(" ".join(_got))
 # ---- signals and processes ---------------------------------------------------------------------------
 @requires("processes")
 @pytest.mark.parametrize("workers", ["forked", "fresh"])
-def test_signals_reach_no_process_outside_the_worker(tmp_path: Path, fork_server, workers: str) -> None:
+def test_signals_reach_no_process_outside_the_worker(tmp_path: Path, fork_server, workers: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # signal 0 asks the kernel whether a signal would be delivered, and delivers none; the pids
     # are the judge's view of them (in a pid namespace of its own the worker sees none of them).
     # "fresh": each worker a new interpreter, as on a GPU, with no fork server to reach
@@ -226,7 +227,7 @@ def test_signals_reach_no_process_outside_the_worker(tmp_path: Path, fork_server
         assert grade(EX, SOLUTION, seed=1, save=False).ok  # a fork server is running
         targets.append(runner.Zygote._procs[False].pid)
     else:
-        fork_server.USE_ZYGOTE = False  # undone with the fixture's patch
+        monkeypatch.setattr(runner, "USE_ZYGOTE", False)
     leak = tmp_path / "leak"
     path = _learner(tmp_path, "signals", f"""import os as _os
 _reached = []
