@@ -16,6 +16,7 @@ import time
 
 import httpx
 import pytest
+import uvicorn
 
 from minisgl.scheduler import SchedulerConfig
 from minisgl.server.args import ServerArgs
@@ -109,16 +110,45 @@ def test_an_engine_that_fails_to_start_ends_the_server_with_its_error():
 
 
 def test_sigterm_drains_in_flight_requests_then_fails_the_rest():
-    server = ServerProcess(TINY, "--drain-timeout", "4")
-    short = {"model": "tiny-llama", "prompt": "Hi", "max_tokens": 8, "ignore_eos": True, "temperature": 0}
-    (text, short_error), (_, long_error) = asyncio.run(_during(lambda: server.proc.send_signal(signal.SIGTERM), [(server.url, short), (server.url, LONG)]))
+    # sized for a 2-core CPU: the short request is still running at SIGTERM (0.2 s after its first token)
+    # and ends well within the drain time; the long one could end within it only on a far faster machine
+    server = ServerProcess(TINY, "--drain-timeout", "1.5")
+    short = {"model": "tiny-llama", "prompt": "Hi", "max_tokens": 150, "ignore_eos": True, "temperature": 0}
+    sigterm = lambda: server.proc.send_signal(signal.SIGTERM)  # noqa: E731
+    (text, short_error), (long_text, long_error) = asyncio.run(_during(sigterm, [(server.url, short), (server.url, LONG)]))
     assert short_error == {} and text  # it was running at SIGTERM, and finished within the drain time
+    assert long_error, f"the long request ended within the drain time ({len(long_text)} characters): a faster machine"
     assert long_error["error"]["type"] == "service_unavailable" and "drain" in long_error["error"]["message"]
     server.proc.wait(30)
     assert server.proc.returncode == 0, server.output()
     with pytest.raises(httpx.ConnectError):
         httpx.post(server.url + "/v1/completions", json=short, timeout=5)
     server.stop()
+
+
+def test_a_drain_shuts_down_only_after_every_failed_stream_has_its_error():
+    # a handler behind a backlog of tokens reaches its error late: uvicorn must not stop before it has
+    from minisgl.server.drain import DrainingServer
+    from minisgl.server.frontend import Lifecycle
+
+    class Frontend:  # one request still open when the drain time ends, its handler slow to answer
+        open = {7: None}
+
+        def fail_all(self, status: int, message: str) -> int:
+            return len(self.open)
+
+    frontend = Frontend()
+    server = DrainingServer(uvicorn.Config(lambda scope, receive, send: None), Lifecycle(), frontend, drain_s=0.1)
+
+    async def drain() -> None:
+        task = asyncio.ensure_future(server._drain())
+        await asyncio.sleep(1.5)
+        assert not server.should_exit, "uvicorn was told to stop while a client still waited for its error"
+        frontend.open = {}  # the handler has sent the error
+        await asyncio.wait_for(task, 1)
+        assert server.should_exit
+
+    asyncio.run(drain())
 
 
 def test_health_answers_while_the_scheduler_cannot():

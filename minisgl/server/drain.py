@@ -22,6 +22,9 @@ from .frontend import FrontendManager, Lifecycle
 from .launch import Backend, LaunchError, say
 
 
+ANSWER_S = 10.0  # the most a drain waits, after the drain time, for the failed requests' handlers to answer
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, frontend: FrontendManager, drain_s: float):
         super().__init__(config)
@@ -49,7 +52,11 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         if self.frontend.fail_all(503, "the server shut down before this request finished (drain time "
                                        f"{self.drain_s:g} s)"):
-            await asyncio.sleep(0.5)  # the handlers answer their clients
+            # each handler reaches its error after the tokens already queued for it: wait until every one
+            # has, so no client's stream ends without saying why (bounded: a handler may be stuck sending)
+            answered_by = time.monotonic() + ANSWER_S
+            while self.frontend.open and time.monotonic() < answered_by:
+                await asyncio.sleep(0.05)
         self.should_exit = True
 
 
