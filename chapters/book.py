@@ -367,6 +367,9 @@ def small_llm(**kw: Any):
 small_llm.cache_clear = _cached_llm.cache_clear  # type: ignore[attr-defined]
 
 
+REFERENCE_S = 300.0  # a child that has not answered by then is stopped (it takes seconds when the CPU is free)
+
+
 class Reference(NamedTuple):
     tokens: List[int]  # the greedy continuation, prompt excluded
     logits: Optional[Any]  # [vocab] float32 tensor at the prompt's last position, when asked for
@@ -393,8 +396,13 @@ def transformers_reference(prompts: Sequence[Sequence[int]], max_new_tokens: Uni
         raise ValueError(f"{len(prompts)} prompts but {len(counts)} values of max_new_tokens")
     job = dict(path=str(path or default_model_path()), prompts=[[int(t) for t in p] for p in prompts],
                max_new_tokens=counts, ignore_eos=ignore_eos, last_logits=last_logits)
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--transformers-reference"],
-                          input=json.dumps(job), capture_output=True, text=True)
+    try:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--transformers-reference"],
+                              input=json.dumps(job), capture_output=True, text=True, timeout=REFERENCE_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the transformers reference did not finish within {REFERENCE_S:g} s and was stopped; "
+                           "other work may be crowding the CPU: run the cell again when the machine is quieter, "
+                           "or ask for fewer tokens") from None
     if done.returncode != 0:
         raise RuntimeError(f"the transformers reference failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return [Reference(r["tokens"], None if r["logits"] is None else torch.tensor(r["logits"], dtype=torch.float32))
