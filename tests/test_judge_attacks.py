@@ -427,6 +427,19 @@ def _of_grading(judge: int, token: str) -> list:
     return out
 
 
+def _described(pids: list) -> str:
+    """What each of `pids` is, for a failure message: its state, parent and command line."""
+    lines = []
+    for pid in pids:
+        p = procs.read(pid)
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")[:100].decode(errors="replace")
+        except OSError:
+            cmd = "?"
+        lines.append(f"{pid}: gone" if p is None else f"{pid}: state {p.state}, parent {p.ppid}, {cmd}")
+    return "still running: " + "; ".join(lines)
+
+
 # grade-all in a process of its own; "namespaces" off: as on a machine that refuses them
 _GRADE_ALL = """import sys
 from judge import cli, namespaces
@@ -466,7 +479,8 @@ def test_nothing_outlives_a_killed_judge(tmp_path: Path, namespaces_: str) -> No
         deadline = time.monotonic() + 30
         while _of_grading(proc.pid, token) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _of_grading(proc.pid, token) == []
+        left = _of_grading(proc.pid, token)
+        assert left == [], _described(left)
         if cgroups.available():  # nor the cgroups made for its workers
             while list(cgroups.root().glob(f"minisgl-judge-{proc.pid}-*")) and time.monotonic() < deadline + 3:
                 time.sleep(0.1)
