@@ -113,7 +113,6 @@ def test_sampling_params_gets_chapter_13s_fields_from_chapter_13s_modules():
     assert not any(name in source for name in added)  # chapter 1 names none of them
 
 
-
 def test_the_tokenizer_process_decodes_every_field_a_request_carries():
     # a process that imports the tokenizer worker and nothing more (as the server's tokenizer process
     # could) must rebuild a request with chapter 13's fields, not fail or drop them
@@ -131,6 +130,7 @@ def test_the_tokenizer_process_decodes_every_field_a_request_carries():
              "p = deserialize(sys.stdin.buffer.read()).sampling_params; print(p.json_mode, p.logprobs)")
     run = subprocess.run([sys.executable, "-c", child], input=serialize(msg), capture_output=True, timeout=120)
     assert run.returncode == 0 and run.stdout.decode().split() == ["object", "2"], run.stderr.decode()[-2000:]
+
 
 @pytest.mark.parametrize("kw, field", [
     (dict(logprobs=21), "logprobs"),

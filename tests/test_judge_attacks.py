@@ -49,7 +49,6 @@ def _machine(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(cgroups, "make", lambda: None)
 
 
-
 @pytest.fixture
 def fork_server(monkeypatch: pytest.MonkeyPatch):
     """Grade on the CPU with a fork server, as a machine without a GPU does: on a GPU (or with
@@ -61,6 +60,7 @@ def fork_server(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(runner, "USE_ZYGOTE", True)
     monkeypatch.setattr(importlib.import_module("judge.grade"), "cuda_available", lambda: False)
     return runner
+
 
 def requires(*names: str):
     """A test of what a protection of `judge.confinement` stops. Where this machine lacks one, the
