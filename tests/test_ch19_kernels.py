@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -322,6 +323,90 @@ def test_linear_uses_the_kernel_up_to_gemv_max_rows():
     assert not K.gemv_applies(torch.randn(1, 128, device="cuda"), w.float())  # float32 keeps cuBLAS
 
 
+
+# ---- the norm folded into the projection that reads it -----------------------------------------
+def _fold_checks(device: str, dtype, tol: float) -> None:
+    """The folded norm and its projections against the plain layers on the same weights: the norm's two
+    outputs and the projection's, with and without a residual, for the rows the kernel takes (1, 2) and for
+    rows it leaves to the plain path (5); a norm whose projection never ran leaves the next input alone."""
+    from minisgl.kernel.fold import FoldedGateUp, FoldedQKV, FoldedRMSNorm
+    from minisgl.layers.linear import LinearQKVMerged
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    norm = _norm((torch.rand(64) + 0.5).to(dtype).to(dev))
+    qkv = LinearQKVMerged(64, 16, 4, 2, bias=True, dtype=dtype, device=dev)
+    gate_up = LinearColParallelMerged(64, [48, 48], dtype=dtype, device=dev)
+    for proj in (qkv, gate_up):
+        proj.weight.copy_(torch.randn(proj.weight.shape) / 8)
+    qkv.bias.copy_(torch.randn(qkv.bias.shape))
+    pairs = []
+    for plain, cls, run in ((qkv, FoldedQKV, "forward"), (gate_up, FoldedGateUp, "forward_silu_and_mul"),
+                            (gate_up, FoldedGateUp, "forward")):
+        folded_norm, folded = _norm(norm.weight), cls.__new__(cls)
+        vars(folded).update(vars(plain))  # the same weights
+        folded_norm.__class__, folded_norm._into = FoldedRMSNorm, folded
+        pairs.append((folded_norm, getattr(folded, run), getattr(plain, run)))
+    for rows in (1, 2, 5):
+        for with_residual in (False, True):
+            x = torch.randn(rows, 64, dtype=dtype, device=dev)
+            r = torch.randn(rows, 64, dtype=dtype, device=dev) if with_residual else None
+            want_h, want_s = norm.forward_residual(x, r)
+            for folded_norm, project, plain_project in pairs:
+                h, s = folded_norm.forward_residual(x, r)
+                assert (project.__self__._pending is not None) == (rows <= 2)  # left to the projection's kernel
+                _close(project(h), plain_project(want_h), dtype, tol)
+                _close(h, want_h, dtype, tol)
+                assert torch.equal(s, want_s)  # the sum is rounded once, as the layer rounds it
+    folded_norm, project, plain_project = pairs[0]
+    folded_norm.forward_residual(torch.randn(1, 64, dtype=dtype, device=dev), None)  # its projection never runs
+    other = torch.randn(1, 64, dtype=dtype, device=dev)
+    _close(project(other), plain_project(other), dtype, tol)
+
+
+_FOLD_INTERPRETED = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+import importlib
+importlib.import_module("minisgl.kernel.gemv")._DTYPES = (torch.float32,)  # the engine folds 16-bit rows only
+from test_ch19_kernels import _fold_checks
+_fold_checks("cpu", torch.float32, 1e-5)
+print("ok")
+"""
+
+
+def test_folded_norm_and_projections_match_the_plain_layers_under_the_triton_interpreter():
+    _interpret(_FOLD_INTERPRETED)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_folded_norm_and_projections_match_the_plain_layers(dtype):
+    _fold_checks("cuda", dtype, 2e-2)
+
+
+def test_each_norm_is_paired_with_the_one_projection_that_reads_it():
+    from minisgl.kernel.fold import fold_pairs
+    from minisgl.models import ModelConfig, create_model
+    from minisgl.models.llama import MLP
+
+    def ids(pairs):
+        pairs = list(pairs)
+        return sorted((id(norm), id(proj)) for norm, proj in pairs), len(pairs)
+
+    dense = _tiny_qwen3("cpu", torch.float32)
+    want = []
+    for layer in dense.model.layers:
+        want += [(layer.input_layernorm, layer.self_attn.qkv_proj), (layer.post_attention_layernorm, layer.mlp.gate_up_proj)]
+    assert ids(fold_pairs(dense)) == ids(want)  # the final norm feeds the LM head, which keeps cuBLAS
+    path = Path(__file__).resolve().parent.parent / "models" / "tiny-qwen3-moe"
+    moe = create_model(ModelConfig.from_dir(path), torch.float32, torch.device("cpu"))
+    layers = list(moe.model.layers)
+    assert not any(type(layer.mlp) is MLP for layer in layers)  # every layer of this model is sparse
+    # a mixture of experts reads the post-attention norm's output with its router and its experts
+    assert ids(fold_pairs(moe)) == ids((layer.input_layernorm, layer.self_attn.qkv_proj) for layer in layers)
+
+
 # ---- decode attention for a few requests -------------------------------------------------------
 def _torch_decode(q, k_cache, v_cache, page_table, rows, kv_lens) -> torch.Tensor:
     """What the torch attention backend's decode computes when request i (query `q[i]`) attends to the
@@ -591,7 +676,7 @@ def test_the_pass_on_a_gpu_swaps_every_layer_a_kernel_serves_and_the_switch_keep
     monkeypatch.undo()
     swapped = K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16))
     assert swapped == {"RMSNorm": 2 * 4 + 1, "RotaryEmbedding": 1, "LinearQKVMerged": 2, "LinearColParallelMerged": 2,
-                       "LinearRowParallel": 4}  # the LM head keeps cuBLAS
+                       "LinearRowParallel": 4, "RMSNorm folded into the next projection": 2 * 2}  # the LM head keeps cuBLAS
 
 
 @gpu
@@ -607,6 +692,39 @@ def test_engine_logits_with_the_kernels_match_the_plain_layers(tmp_path, monkeyp
     got = _first_logits(model, "torch", prompts, 16)
     monkeypatch.setattr(util, "KERNEL_ENV", dataclasses.replace(util.KERNEL_ENV, disable_kernels=True))
     want = _first_logits(model, "torch", prompts, 16)
+    assert rel_err(got, want) < 3e-2 and torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+
+def _decode_logits(model: str, prompts) -> torch.Tensor:
+    """The logits of the prefill step and of the first decode step, in bfloat16, decode replayed from a graph."""
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    llm = LLM(model, dummy_weights=True, dtype="bfloat16", max_running_reqs=4, num_pages=4096)
+    seen = []
+    sample = llm.engine.sampler.sample
+    llm.engine.sampler.sample = lambda logits, args: (seen.append(logits.float().clone()), sample(logits, args))[1]
+    llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))
+    llm.shutdown()
+    return torch.cat(seen)
+
+
+@gpu
+@pytest.mark.parametrize("requests", [1, 2])
+def test_a_decode_step_with_the_norms_folded_matches_one_without(tmp_path, monkeypatch, requests):
+    """One and two requests decode through the folded kernel (the prefill, 40 rows, does not): the same
+    tokens and logits as the engine whose pass folds nothing."""
+    from minisgl.kernel import swap
+    from test_ch17_flashinfer import rel_err, small_qwen3
+
+    model = small_qwen3(tmp_path)
+    prompts = [[random.Random(i).randint(0, 2000) for _ in range(40)] for i in range(requests)]
+    got = _decode_logits(model, prompts)
+    monkeypatch.setattr(swap, "fold_norms", lambda model: 0)
+    want = _decode_logits(model, prompts)
+    assert got.shape == want.shape == (2 * requests, 2048)
+    assert torch.equal(got[:requests], want[:requests])  # the prefill: the same kernels
     assert rel_err(got, want) < 3e-2 and torch.equal(got.argmax(-1), want.argmax(-1))
 
 

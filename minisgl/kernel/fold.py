@@ -1,0 +1,104 @@
+"""Each block's RMSNorm folded into the projection that reads it, for decode steps of one or two rows.
+
+A pre-norm block computes `h = rmsnorm(x + residual)` and hands `h` to one projection only: the
+attention's QKV projection, or the MLP's gate/up projection. For one or two rows, both are short
+kernels in a chain. The matrix-vector kernel already reads each whole input row, so it can do the
+norm on the way (`gemv(..., norm=PendingNorm)`): the norm's own launch goes, two a layer.
+
+The model code is not told. `fold_norms`, the last step of the kernel pass, finds each norm whose
+output only one projection reads, from the structure of the model classes (`fold_pairs`), and gives
+the two new classes. `FoldedRMSNorm`, for inputs the kernel takes, leaves a `PendingNorm` with its
+projection and returns the tensors that projection's launch fills; the projection takes it and runs
+the folded kernel. Any other input runs the norm and the projection as before.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+from minisgl.layers.base import BaseOP
+from minisgl.models.llama import MLP, Attention, DecoderLayer
+
+from .gemv import PendingNorm, gemv, gemv_applies
+from .layers import KernelLinearColParallelMerged, KernelLinearQKVMerged, KernelRMSNorm
+
+
+class _ReadsFoldedNorm:
+    """A projection that may be handed its norm's work: `_pending` is set by the norm, taken by the next call."""
+
+    _pending: Optional[PendingNorm] = None
+
+    def _take(self, h: torch.Tensor) -> Optional[PendingNorm]:
+        pending, self._pending = self._pending, None
+        # a norm left behind by a forward that failed before its projection is not this input's
+        return pending if pending is not None and pending.out is h else None
+
+
+class FoldedQKV(_ReadsFoldedNorm, KernelLinearQKVMerged):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pending = self._take(x)
+        return super().forward(x) if pending is None else gemv(x, self.weight, self._bias(), norm=pending)
+
+
+class FoldedGateUp(_ReadsFoldedNorm, KernelLinearColParallelMerged):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pending = self._take(x)
+        return super().forward(x) if pending is None else gemv(x, self.weight, self._bias(), norm=pending)
+
+    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        pending = self._take(x)
+        return super().forward_silu_and_mul(x) if pending is None else gemv(x, self.weight, silu_mul=True,
+                                                                             norm=pending)
+
+
+class FoldedRMSNorm(KernelRMSNorm):
+    """A norm whose output only `_into` reads: for rows that projection's kernel takes, the norm is left
+    to that kernel, and the tensors it will fill are returned."""
+
+    _into: _ReadsFoldedNorm
+
+    def forward_residual(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        if not _folds(x, residual, self._into.weight):
+            return super().forward_residual(x, residual)
+        out = torch.empty_like(x)
+        summed = x if residual is None else torch.empty_like(x)
+        self._into._pending = PendingNorm(x, residual, self.weight, self.eps, out, summed)
+        return out, summed
+
+
+def _folds(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor) -> bool:
+    """Whether the projection's kernel takes `x`, and the residual is a row of the same kind."""
+    if not gemv_applies(x, weight):
+        return False
+    return residual is None or (residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous())
+
+
+def fold_pairs(model: BaseOP) -> Iterator[Tuple[BaseOP, BaseOP]]:
+    """(norm, projection) for each norm of `model` whose output that projection alone reads. A fact of the
+    model classes' forward, so only those exact classes: a subclass may read the norm's output elsewhere."""
+    from .swap import layers_of
+
+    for layer in layers_of(model):
+        if type(layer) is not DecoderLayer:
+            continue
+        if type(layer.self_attn) is Attention:  # the input norm's output goes to qkv_proj, and only there
+            yield layer.input_layernorm, layer.self_attn.qkv_proj
+        if type(layer.mlp) is MLP:  # the post-attention norm's to gate_up_proj; another block may read it twice
+            yield layer.post_attention_layernorm, layer.mlp.gate_up_proj
+
+
+_FOLDED = {KernelLinearQKVMerged: FoldedQKV, KernelLinearColParallelMerged: FoldedGateUp}
+
+
+def fold_norms(model: BaseOP) -> int:
+    """Fold each norm into its projection where the kernel pass gave both their kernels (a GPU, kernels on).
+    Returns how many norms it folded; running it again folds none."""
+    folded = 0
+    for norm, proj in fold_pairs(model):
+        if type(norm) is KernelRMSNorm and type(proj) in _FOLDED:
+            norm.__class__, proj.__class__ = FoldedRMSNorm, _FOLDED[type(proj)]
+            norm._into = proj
+            folded += 1
+    return folded
