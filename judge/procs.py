@@ -6,8 +6,8 @@ when every supervisor on the way is a *child subreaper* (`prctl(PR_SET_CHILD_SUB
 orphan is then adopted by the nearest supervisor instead of by init. So the judge process, the
 fork server and each worker's keeper are subreapers, and everything a worker started stays
 below one of them, where `/proc` shows it. `kill_tree` SIGKILLs a set of processes and every
-descendant, again and again until none is left (a process forking while it is being killed
-only adds to the next pass); SIGKILL cannot be caught or ignored.
+descendant, again and again until none is left (each is stopped first, and a process forking
+while it is being killed only adds to the next pass); SIGSTOP and SIGKILL cannot be caught or ignored.
 
 Where the kernel allows it, each worker is also the first process of a pid namespace of its own
 (`judge.namespaces`), and the kernel kills everything in it when the worker ends. And nothing
@@ -170,8 +170,10 @@ def marked(pid: int, judge: Optional[int] = None) -> bool:
 
 def kill_tree(roots: Dict[int, Optional[int]], strays=None, passes: int = 400) -> None:
     """SIGKILL `roots` ({pid: start time or None}) with all their descendants, plus whatever
-    `strays(table)` names on each pass, until nothing is left; reap those that are our children."""
+    `strays(table)` names on each pass, until nothing is left; reap those that are our children.
+    This process is never killed: `{os.getpid(): None}` is everything below it, looked up afresh on each pass."""
     me = os.getpid()
+    quiet = 0  # passes in a row that found nothing left
     for _ in range(passes):
         tab = table()
         live_roots = [pid for pid, start in roots.items() if pid in tab and (start is None or tab[pid].start == start)]
@@ -181,17 +183,24 @@ def kill_tree(roots: Dict[int, Optional[int]], strays=None, passes: int = 400) -
         # the roots (subreapers: a keeper) go last, so what dies below them is adopted by them,
         # still in reach, and never by a process whose orphans are told apart by a marker
         below = [pid for pid in pending if pid not in roots]
+        for pid in pending:  # stopped first: a root that forks on (a shell's loop) would always have some below it
+            _signal(pid, signal.SIGSTOP)
         for pid in targets:
             if tab[pid].state != "Z" and (pid not in roots or not below):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _signal(pid, signal.SIGKILL)
             if tab[pid].ppid == me:
                 reap(pid)
-        if not pending:
+        quiet = 0 if pending else quiet + 1
+        if quiet == 2:  # a second look: one forked during a look, by a process that then ended, is not in it
             return
         time.sleep(0.005)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def reap(pid: int) -> None:

@@ -131,8 +131,8 @@ _CGROUPS: set = set()  # the workers' cgroups below this process: the judge remo
 def _end_below(*_: object) -> None:
     """The end of a keeper whose server ended, or of a server whose judge ended: everything below
     it first, then the cgroups that the judge would have removed."""
-    me = os.getpid()
-    procs.kill_tree({c: None for c in procs.descendants([me], procs.table()) if c != me})
+    # all below us, looked up on every pass: not only what one look saw (a process forked after it escaped)
+    procs.kill_tree({os.getpid(): None})
     for folder in _CGROUPS:
         cgroups.remove(Path(folder))
     os._exit(1)
@@ -180,7 +180,7 @@ def _keep(req: dict, fresh: bool, server: int) -> None:
         relayed = os.read(report[0], 64).decode().strip()
         status = int(relayed) if relayed.isdigit() else status
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    procs.kill_tree({c: None for c in procs.descendants([os.getpid()], procs.table()) if c != os.getpid()})
+    procs.kill_tree({os.getpid(): None})  # whatever is left below us, as in `_end_below`
     write_whole(req["pid"], f"{os.getpid()} {worker} {me.start if me else 0}\n{code}\n")
     os._exit(0)
 

@@ -494,6 +494,58 @@ def test_nothing_outlives_a_killed_judge(tmp_path: Path, namespaces_: str) -> No
             procs.reap(pid)
 
 
+def _looping_shell(token: str) -> subprocess.Popen:
+    """A shell that forks a `sleep` again as soon as one ends, with `token` in its command line; once it has one."""
+    shell = subprocess.Popen(["sh", "-c", f"while :; do sleep 1; done # {token}"])
+    deadline = time.monotonic() + 10
+    while not procs.children(shell.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert procs.children(shell.pid), "the shell started no sleep"
+    return shell
+
+
+def test_kill_tree_ends_a_root_that_keeps_forking() -> None:
+    # a root is killed once nothing below it is left; the shell forks a new sleep as soon as the
+    # last is killed, so every look found one below it, and the shell outlived all the passes
+    shell = _looping_shell(f"forking-root-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        procs.kill_tree({shell.pid: None}, passes=50)
+        assert not procs.alive(shell.pid), _described([shell.pid])
+    finally:
+        shell.kill()
+        shell.wait()
+
+
+# the fork server's SIGTERM handler, in a process of its own (it exits): a process forked while the
+# handler looks at /proc (here: on its first look, and not in what that look returns) must end too
+_END_BELOW = """import subprocess, sys
+from judge import procs, zygote
+procs.set_subreaper()
+scan, late = procs.table, []
+def table():
+    tab = scan()
+    if not late:
+        late.append(subprocess.Popen(["sh", "-c", "while :; do sleep 1; done # " + sys.argv[1]],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return tab
+procs.table = table
+zygote._end_below()
+"""
+
+
+def test_the_fork_servers_handler_ends_what_is_forked_while_it_looks() -> None:
+    token = f"forked-while-looking-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        done = subprocess.run([sys.executable, "-c", _END_BELOW, token], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 1, done.stderr[-3000:]  # the handler's own exit
+        left = _of_grading(-1, token)  # -1: no judge's marker, the token alone
+        assert left == [], _described(left)
+    finally:
+        for pid in _of_grading(-1, token):
+            os.kill(pid, signal.SIGKILL)
+
+
 # ---- what the judge believes and prints ------------------------------------------------------------
 def test_a_tolerance_comparison_counts_values_before_comparing_them() -> None:
     def close(values, shape):
