@@ -327,9 +327,10 @@ def test_linear_uses_the_kernel_up_to_gemv_max_rows():
 # ---- the norm folded into the projection that reads it -----------------------------------------
 def _fold_checks(device: str, dtype, tol: float) -> None:
     """The folded norm and its projections against the plain layers on the same weights: the norm's two
-    outputs and the projection's, with and without a residual, for the rows the kernel takes (1, 2) and for
-    rows it leaves to the plain path (5); a norm whose projection never ran leaves the next input alone."""
-    from minisgl.kernel.fold import FoldedGateUp, FoldedQKV, FoldedRMSNorm
+    outputs and the projection's, with and without a residual, for the one row the fold takes and for rows
+    it leaves to the plain path (2, 5); a norm whose projection never ran leaves the next input alone. Then
+    the kernel with the norm inside for 1-4 rows, which it computes though the engine folds one."""
+    from minisgl.kernel.fold import FOLD_MAX_ROWS, FoldedGateUp, FoldedQKV, FoldedRMSNorm
     from minisgl.layers.linear import LinearQKVMerged
 
     dev = torch.device(device)
@@ -354,7 +355,7 @@ def _fold_checks(device: str, dtype, tol: float) -> None:
             want_h, want_s = norm.forward_residual(x, r)
             for folded_norm, project, plain_project in pairs:
                 h, s = folded_norm.forward_residual(x, r)
-                assert (project.__self__._pending is not None) == (rows <= 2)  # left to the projection's kernel
+                assert (project.__self__._pending is not None) == (rows <= FOLD_MAX_ROWS)  # left to its kernel
                 _close(project(h), plain_project(want_h), dtype, tol)
                 _close(h, want_h, dtype, tol)
                 assert torch.equal(s, want_s)  # the sum is rounded once, as the layer rounds it
@@ -362,6 +363,16 @@ def _fold_checks(device: str, dtype, tol: float) -> None:
     folded_norm.forward_residual(torch.randn(1, 64, dtype=dtype, device=dev), None)  # its projection never runs
     other = torch.randn(1, 64, dtype=dtype, device=dev)
     _close(project(other), plain_project(other), dtype, tol)
+    for rows in range(1, 5):
+        x, r = (torch.randn(rows, 64, dtype=dtype, device=dev) for _ in range(2))
+        want_h, want_s = norm.forward_residual(x, r)
+        for silu_mul, plain_project in ((False, qkv.forward), (True, gate_up.forward_silu_and_mul)):
+            pending = K.PendingNorm(x, r, norm.weight, norm.eps, torch.empty_like(x), torch.empty_like(x))
+            weight = gate_up.weight if silu_mul else qkv.weight
+            y = K.gemv(pending.out, weight, None if silu_mul else qkv.bias, silu_mul=silu_mul, norm=pending)
+            _close(y, plain_project(want_h), dtype, tol)
+            _close(pending.out, want_h, dtype, tol)
+            assert torch.equal(pending.summed, want_s)
 
 
 _FOLD_INTERPRETED = """
@@ -713,8 +724,8 @@ def _decode_logits(model: str, prompts) -> torch.Tensor:
 @gpu
 @pytest.mark.parametrize("requests", [1, 2])
 def test_a_decode_step_with_the_norms_folded_matches_one_without(tmp_path, monkeypatch, requests):
-    """One and two requests decode through the folded kernel (the prefill, 40 rows, does not): the same
-    tokens and logits as the engine whose pass folds nothing."""
+    """One request decodes through the folded kernel, two through the plain ones (the prefill, 40 rows a
+    request, through neither): the same tokens and logits as the engine whose pass folds nothing."""
     from minisgl.kernel import swap
     from test_ch17_flashinfer import rel_err, small_qwen3
 

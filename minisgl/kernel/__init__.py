@@ -9,7 +9,7 @@ every kernel to the code it replaces.
 from .activation import silu_and_mul, silu_and_mul_fits
 from .cpu_gemm import cpu_linear
 from .decode import DecodeScratch, DecodeTile, decode_attention, decode_rope_fits, decode_splits
-from .gemv import GEMV_MAX_ROWS, gemv, gemv_applies, linear, linear_silu_and_mul
+from .gemv import GEMV_MAX_ROWS, PendingNorm, gemv, gemv_applies, linear, linear_silu_and_mul
 from .index import gather_page_indices, gather_page_indices_ref
 from .norm import add_rmsnorm_fits, fused_add_rmsnorm, rmsnorm, rmsnorm_fits
 from .rope import PendingRope, apply_rope, apply_rope_and_store, rope_and_store_fits, rope_fits
@@ -21,6 +21,7 @@ __all__ = [
     "DecodeScratch",
     "DecodeTile",
     "GEMV_MAX_ROWS",
+    "PendingNorm",
     "PendingRope",
     "add_rmsnorm_fits",
     "apply_rope",

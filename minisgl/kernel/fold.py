@@ -1,8 +1,8 @@
-"""Each block's RMSNorm folded into the projection that reads it, for decode steps of one or two rows.
+"""Each block's RMSNorm folded into the projection that reads it, for a decode step of one request.
 
 A pre-norm block computes `h = rmsnorm(x + residual)` and hands `h` to one projection only: the
-attention's QKV projection, or the MLP's gate/up projection. For one or two rows, both are short
-kernels in a chain. The matrix-vector kernel already reads each whole input row, so it can do the
+attention's QKV projection, or the MLP's gate/up projection. For one row, both are short kernels in
+a chain. The matrix-vector kernel already reads each whole input row, so it can do the
 norm on the way (`gemv(..., norm=PendingNorm)`): the norm's own launch goes, two a layer.
 
 The model code is not told. `fold_norms`, the last step of the kernel pass, finds each norm whose
@@ -23,6 +23,11 @@ from minisgl.models.llama import MLP, Attention, DecoderLayer
 
 from .gemv import PendingNorm, gemv, gemv_applies
 from .layers import KernelLinearColParallelMerged, KernelLinearQKVMerged, KernelRMSNorm
+
+
+# the norm goes into the projection's launch for one row; at two the folded kernel was slower than the
+# norm's own launch and the plain kernel (minisgl/benchmark/RESULTS.md)
+FOLD_MAX_ROWS = 1
 
 
 class _ReadsFoldedNorm:
@@ -69,8 +74,8 @@ class FoldedRMSNorm(KernelRMSNorm):
 
 
 def _folds(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor) -> bool:
-    """Whether the projection's kernel takes `x`, and the residual is a row of the same kind."""
-    if not gemv_applies(x, weight):
+    """Whether the projection's kernel takes `x` with the norm inside, and the residual is a row of the same kind."""
+    if not gemv_applies(x, weight) or x.shape[0] > FOLD_MAX_ROWS:
         return False
     return residual is None or (residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous())
 

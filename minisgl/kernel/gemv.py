@@ -37,10 +37,6 @@ _BLOCK_N = 2  # output features per program
 # share an SM; more rows multiply the accumulators, so their loads shrink with the rows, on four warps
 _ONE_ROW_TILE = (2048, 2)
 _ROWS_TILE = (1024, 4)  # columns for one row's worth of accumulators; divided by the rows (padded)
-# with a norm inside, every program also reads the input row, the residual and the norm's weight:
-# more features a program read those fewer times
-_NORMED_BLOCK_N = 4
-_NORMED_ONE_ROW_TILE = (1024, 4)
 
 
 @dataclass
@@ -154,17 +150,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     mp = next_pow2(rows)
+    # the same tiles with the norm inside: four features a program (fewer reads of the row) were slower
     block_k, warps = _ONE_ROW_TILE if rows == 1 else (_ROWS_TILE[0] // mp, _ROWS_TILE[1])
-    block_n = _BLOCK_N
-    if norm is not None:
-        block_n = _NORMED_BLOCK_N
-        block_k, warps = _NORMED_ONE_ROW_TILE if rows == 1 else (block_k, warps)
     bk = min(next_pow2(k), block_k)
     res = norm.residual if norm is not None else None
     nw, summed, h, eps = (norm.weight, norm.summed, norm.out, norm.eps) if norm is not None else (x, x, x, 0.0)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    _gemv_kernel[(triton.cdiv(n, _BLOCK_N),)](
         x, weight, bias if bias is not None else weight, out, res if res is not None else x, nw, summed, h, eps, n,
-        M=rows, K=k, MP=mp, BN=block_n, BK=bk, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        M=rows, K=k, MP=mp, BN=_BLOCK_N, BK=bk, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         NORM=norm is not None, HAS_RES=res is not None, num_warps=warps,
     )
     return out
