@@ -325,21 +325,23 @@ def test_linear_uses_the_kernel_up_to_gemv_max_rows():
 
 
 # ---- the norm folded into the projection that reads it -----------------------------------------
-def _fold_checks(device: str, dtype, tol: float) -> None:
+def _fold_checks(device: str, dtype, tol: float, hidden: int = 64) -> None:
     """The folded norm and its projections against the plain layers on the same weights: the norm's two
     outputs and the projection's, with and without a residual, for the one row the fold takes and for rows
-    it leaves to the plain path (2, 5); a norm whose projection never ran leaves the next input alone. Then
-    the kernel with the norm inside for 1-4 rows, which it computes though the engine folds one."""
+    it leaves to the plain path (2, 5). A pending norm whose projection gets another tensor (a view of its
+    output, or a later input after a forward that failed) is run by its own kernel. Then the kernel with the
+    norm inside for 1-4 rows, which it computes though the engine folds one."""
     from minisgl.kernel.fold import FOLD_MAX_ROWS, FoldedGateUp, FoldedQKV, FoldedRMSNorm
     from minisgl.layers.linear import LinearQKVMerged
 
     dev = torch.device(device)
     torch.manual_seed(0)
-    norm = _norm((torch.rand(64) + 0.5).to(dtype).to(dev))
-    qkv = LinearQKVMerged(64, 16, 4, 2, bias=True, dtype=dtype, device=dev)
-    gate_up = LinearColParallelMerged(64, [48, 48], dtype=dtype, device=dev)
+    rand = lambda *shape: torch.randn(*shape, dtype=dtype, device=dev)  # noqa: E731
+    norm = _norm((torch.rand(hidden) + 0.5).to(dtype).to(dev))
+    qkv = LinearQKVMerged(hidden, 16, 4, 2, bias=True, dtype=dtype, device=dev)
+    gate_up = LinearColParallelMerged(hidden, [48, 48], dtype=dtype, device=dev)
     for proj in (qkv, gate_up):
-        proj.weight.copy_(torch.randn(proj.weight.shape) / 8)
+        proj.weight.copy_(torch.randn(proj.weight.shape) / hidden**0.5)
     qkv.bias.copy_(torch.randn(qkv.bias.shape))
     pairs = []
     for plain, cls, run in ((qkv, FoldedQKV, "forward"), (gate_up, FoldedGateUp, "forward_silu_and_mul"),
@@ -350,21 +352,25 @@ def _fold_checks(device: str, dtype, tol: float) -> None:
         pairs.append((folded_norm, getattr(folded, run), getattr(plain, run)))
     for rows in (1, 2, 5):
         for with_residual in (False, True):
-            x = torch.randn(rows, 64, dtype=dtype, device=dev)
-            r = torch.randn(rows, 64, dtype=dtype, device=dev) if with_residual else None
+            x, r = rand(rows, hidden), rand(rows, hidden) if with_residual else None
             want_h, want_s = norm.forward_residual(x, r)
             for folded_norm, project, plain_project in pairs:
-                h, s = folded_norm.forward_residual(x, r)
-                assert (project.__self__._pending is not None) == (rows <= FOLD_MAX_ROWS)  # left to its kernel
-                _close(project(h), plain_project(want_h), dtype, tol)
-                _close(h, want_h, dtype, tol)
-                assert torch.equal(s, want_s)  # the sum is rounded once, as the layer rounds it
+                for same_tensor in (True, False):
+                    h, s = folded_norm.forward_residual(x, r)
+                    assert (project.__self__._pending is not None) == (rows <= FOLD_MAX_ROWS)  # left to its kernel
+                    _close(project(h if same_tensor else h.view(rows, hidden)), plain_project(want_h), dtype, tol)
+                    _close(h, want_h, dtype, tol)
+                    assert torch.equal(s, want_s)  # the sum is rounded once, as the layer rounds it
     folded_norm, project, plain_project = pairs[0]
-    folded_norm.forward_residual(torch.randn(1, 64, dtype=dtype, device=dev), None)  # its projection never runs
-    other = torch.randn(1, 64, dtype=dtype, device=dev)
+    x, r = rand(1, hidden), rand(1, hidden)
+    h, s = folded_norm.forward_residual(x, r)  # its projection never gets h
+    other = rand(1, hidden)
     _close(project(other), plain_project(other), dtype, tol)
+    want_h, want_s = norm.forward_residual(x, r)
+    _close(h, want_h, dtype, tol)
+    assert torch.equal(s, want_s)
     for rows in range(1, 5):
-        x, r = (torch.randn(rows, 64, dtype=dtype, device=dev) for _ in range(2))
+        x, r = rand(rows, hidden), rand(rows, hidden)
         want_h, want_s = norm.forward_residual(x, r)
         for silu_mul, plain_project in ((False, qkv.forward), (True, gate_up.forward_silu_and_mul)):
             pending = K.PendingNorm(x, r, norm.weight, norm.eps, torch.empty_like(x), torch.empty_like(x))
@@ -382,6 +388,7 @@ import importlib
 importlib.import_module("minisgl.kernel.gemv")._DTYPES = (torch.float32,)  # the engine folds 16-bit rows only
 from test_ch19_kernels import _fold_checks
 _fold_checks("cpu", torch.float32, 1e-5)
+_fold_checks("cpu", torch.float32, 1e-5, hidden=1000)  # several loads of a row, the last one masked
 print("ok")
 """
 
@@ -394,12 +401,13 @@ def test_folded_norm_and_projections_match_the_plain_layers_under_the_triton_int
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_folded_norm_and_projections_match_the_plain_layers(dtype):
     _fold_checks("cuda", dtype, 2e-2)
+    _fold_checks("cuda", dtype, 2e-2, hidden=2560)
 
 
 def test_each_norm_is_paired_with_the_one_projection_that_reads_it():
     from minisgl.kernel.fold import fold_pairs
     from minisgl.models import ModelConfig, create_model
-    from minisgl.models.llama import MLP
+    from minisgl.models.llama import MLP, DecoderLayer
 
     def ids(pairs):
         pairs = list(pairs)
@@ -410,6 +418,12 @@ def test_each_norm_is_paired_with_the_one_projection_that_reads_it():
     for layer in dense.model.layers:
         want += [(layer.input_layernorm, layer.self_attn.qkv_proj), (layer.post_attention_layernorm, layer.mlp.gate_up_proj)]
     assert ids(fold_pairs(dense)) == ids(want)  # the final norm feeds the LM head, which keeps cuBLAS
+
+    class Layer(DecoderLayer):  # a subclass may read its norms' outputs elsewhere: not folded
+        pass
+
+    dense.model.layers[0].__class__ = Layer
+    assert ids(fold_pairs(dense)) == ids(want[2:])
     path = Path(__file__).resolve().parent.parent / "models" / "tiny-qwen3-moe"
     moe = create_model(ModelConfig.from_dir(path), torch.float32, torch.device("cpu"))
     layers = list(moe.model.layers)
@@ -729,9 +743,15 @@ def test_a_decode_step_with_the_norms_folded_matches_one_without(tmp_path, monke
     from minisgl.kernel import swap
     from test_ch17_flashinfer import rel_err, small_qwen3
 
+    from minisgl.kernel import fold
+
     model = small_qwen3(tmp_path)
     prompts = [[random.Random(i).randint(0, 2000) for _ in range(40)] for i in range(requests)]
+    folded = []  # the rows of each launch with a norm inside (graph capture runs the Python)
+    gemv = fold.gemv
+    monkeypatch.setattr(fold, "gemv", lambda x, *a, norm=None, **kw: (folded.append(len(x)), gemv(x, *a, norm=norm, **kw))[1])
     got = _decode_logits(model, prompts)
+    assert folded and set(folded) == {1}  # one row folds, and only one
     monkeypatch.setattr(swap, "fold_norms", lambda model: 0)
     want = _decode_logits(model, prompts)
     assert got.shape == want.shape == (2 * requests, 2048)

@@ -33,12 +33,21 @@ FOLD_MAX_ROWS = 1
 class _ReadsFoldedNorm:
     """A projection that may be handed its norm's work: `_pending` is set by the norm, taken by the next call."""
 
-    _pending: Optional[PendingNorm] = None
+    _pending: Optional[Tuple["FoldedRMSNorm", PendingNorm]] = None
 
     def _take(self, h: torch.Tensor) -> Optional[PendingNorm]:
-        pending, self._pending = self._pending, None
-        # a norm left behind by a forward that failed before its projection is not this input's
-        return pending if pending is not None and pending.out is h else None
+        """The pending norm if `h` is its output; any other pending norm is run now, by its own kernel, so that
+        no tensor it returned is left unwritten (a forward that failed before this projection, or a view of `h`)."""
+        left, self._pending = self._pending, None
+        if left is None:
+            return None
+        norm, pending = left
+        if pending.out is h:
+            return pending
+        out, summed = KernelRMSNorm.forward_residual(norm, pending.x, pending.residual)
+        pending.out.copy_(out)
+        pending.summed.copy_(summed)
+        return None
 
 
 class FoldedQKV(_ReadsFoldedNorm, KernelLinearQKVMerged):
@@ -54,28 +63,33 @@ class FoldedGateUp(_ReadsFoldedNorm, KernelLinearColParallelMerged):
 
     def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         pending = self._take(x)
-        return super().forward_silu_and_mul(x) if pending is None else gemv(x, self.weight, silu_mul=True,
-                                                                             norm=pending)
+        if pending is None:
+            return super().forward_silu_and_mul(x)
+        assert self.local_sizes[0] == self.local_sizes[1] and self._bias() is None, "a gate|up pair without bias"
+        return gemv(x, self.weight, silu_mul=True, norm=pending)
 
 
 class FoldedRMSNorm(KernelRMSNorm):
-    """A norm whose output only `_into` reads: for rows that projection's kernel takes, the norm is left
+    """A norm whose output only `_into` reads: for a row that projection's kernel takes, the norm is left
     to that kernel, and the tensors it will fill are returned."""
 
     _into: _ReadsFoldedNorm
 
     def forward_residual(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        if not _folds(x, residual, self._into.weight):
+        if not _folds(x, residual, self.weight, self._into.weight):
             return super().forward_residual(x, residual)
         out = torch.empty_like(x)
         summed = x if residual is None else torch.empty_like(x)
-        self._into._pending = PendingNorm(x, residual, self.weight, self.eps, out, summed)
+        self._into._pending = (self, PendingNorm(x, residual, self.weight, self.eps, out, summed))
         return out, summed
 
 
-def _folds(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor) -> bool:
-    """Whether the projection's kernel takes `x` with the norm inside, and the residual is a row of the same kind."""
+def _folds(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the projection's kernel takes `x` with the norm inside: a row it takes, a residual and the norm's
+    weight of the same kind (the kernel writes the normed row in `x`'s dtype)."""
     if not gemv_applies(x, weight) or x.shape[0] > FOLD_MAX_ROWS:
+        return False
+    if norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
         return False
     return residual is None or (residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous())
 

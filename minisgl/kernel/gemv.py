@@ -90,8 +90,8 @@ try:
                 acc_up += x[:, None, :] * tl.load(w_at + N * K, mask=w_ok, other=0.0).to(tl.float32)[None, :, :]
         y = tl.sum(acc, axis=2)
         y_up = tl.sum(acc_up, axis=2)
-        inv = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)[:, None]  # [MP, 1]; used only with NORM
         if NORM:
+            inv = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)[:, None]  # [MP, 1]
             y = y * inv
             y_up = y_up * inv
         if HAS_BIAS:
