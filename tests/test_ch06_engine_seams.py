@@ -116,7 +116,8 @@ def test_the_config_has_the_graph_settings_only_where_the_graph_module_is(chapte
     assert got["fast_paths"] == (["graph_runner"] if graphs else [])
     assert got["steps"] == (["compiling GPU kernels"] if graphs else [])
     # chapter 19's kernel pass registers itself; the engine's package imports it where the stage has it
-    assert got["passes"] == (["swap kernels into the model's layers"] if chapter >= 19 else [])
+    assert got["passes"] == (["swap kernels into the model's layers", "fold each layer's norms into the projections that "
+                              "read them"] if chapter >= 19 else [])
 
 
 def test_every_engine_runs_the_registered_passes_after_loading_shared_weights_too(monkeypatch):

@@ -699,9 +699,13 @@ def test_the_pass_on_a_gpu_swaps_every_layer_a_kernel_serves_and_the_switch_keep
     monkeypatch.setattr(util, "KERNEL_ENV", dataclasses.replace(util.KERNEL_ENV, disable_kernels=True))
     assert K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16)) == {}  # MINISGL_DISABLE_KERNELS=1
     monkeypatch.undo()
-    swapped = K.swap_in_kernels(_tiny_qwen3("cuda", torch.bfloat16))
+    model = _tiny_qwen3("cuda", torch.bfloat16)
+    swapped = K.swap_in_kernels(model)
     assert swapped == {"RMSNorm": 2 * 4 + 1, "RotaryEmbedding": 1, "LinearQKVMerged": 2, "LinearColParallelMerged": 2,
-                       "LinearRowParallel": 4, "RMSNorm folded into the next projection": 2 * 2}  # the LM head keeps cuBLAS
+                       "LinearRowParallel": 4}  # the LM head keeps cuBLAS
+    from minisgl.kernel.fold import fold_norms
+
+    assert fold_norms(model) == 2 * 2 and fold_norms(model) == 0  # two norms a layer, once
 
 
 @gpu
@@ -740,10 +744,8 @@ def _decode_logits(model: str, prompts) -> torch.Tensor:
 def test_a_decode_step_with_the_norms_folded_matches_one_without(tmp_path, monkeypatch, requests):
     """One request decodes through the folded kernel, two through the plain ones (the prefill, 40 rows a
     request, through neither): the same tokens and logits as the engine whose pass folds nothing."""
-    from minisgl.kernel import swap
-    from test_ch17_flashinfer import rel_err, small_qwen3
-
     from minisgl.kernel import fold
+    from test_ch17_flashinfer import rel_err, small_qwen3
 
     model = small_qwen3(tmp_path)
     prompts = [[random.Random(i).randint(0, 2000) for _ in range(40)] for i in range(requests)]
@@ -752,7 +754,7 @@ def test_a_decode_step_with_the_norms_folded_matches_one_without(tmp_path, monke
     monkeypatch.setattr(fold, "gemv", lambda x, *a, norm=None, **kw: (folded.append(len(x)), gemv(x, *a, norm=norm, **kw))[1])
     got = _decode_logits(model, prompts)
     assert folded and set(folded) == {1}  # one row folds, and only one
-    monkeypatch.setattr(swap, "fold_norms", lambda model: 0)
+    monkeypatch.setattr(fold, "fold_norms", lambda model: 0)  # what the engine's fold pass calls
     want = _decode_logits(model, prompts)
     assert got.shape == want.shape == (2 * requests, 2048)
     assert torch.equal(got[:requests], want[:requests])  # the prefill: the same kernels

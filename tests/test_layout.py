@@ -27,6 +27,7 @@ LAYERS = [
     ("kernel",),  # fused kernels, and the pass that swaps them in for the plain layers they replace
     ("attention", "moe", "utils.mp"),  # utils/mp.py carries `message` objects over ZMQ
     ("models",),
+    ("kernel.fold",),  # the norm fold: which projection alone reads a norm is a fact of the model classes
     ("engine",),
     ("scheduler", "tokenizer"),
     ("llm", "server"),  # the front ends: offline and HTTP

@@ -5,7 +5,8 @@ attention's QKV projection, or the MLP's gate/up projection. For one row, both a
 a chain. The matrix-vector kernel already reads each whole input row, so it can do the
 norm on the way (`gemv(..., norm=PendingNorm)`): the norm's own launch goes, two a layer.
 
-The model code is not told. `fold_norms`, the last step of the kernel pass, finds each norm whose
+The model code is not told. `fold_norms`, a pass after loading that runs after the kernel pass
+(`engine/kernel_pass.py`), finds each norm whose
 output only one projection reads, from the structure of the model classes (`fold_pairs`), and gives
 the two new classes. `FoldedRMSNorm`, for inputs the kernel takes, leaves a `PendingNorm` with its
 projection and returns the tensors that projection's launch fills; the projection takes it and runs
@@ -23,6 +24,7 @@ from minisgl.models.llama import MLP, Attention, DecoderLayer
 
 from .gemv import PendingNorm, gemv, gemv_applies
 from .layers import KernelLinearColParallelMerged, KernelLinearQKVMerged, KernelRMSNorm
+from .swap import layers_of
 
 
 # the norm goes into the projection's launch for one row; at two the folded kernel was slower than the
@@ -97,8 +99,6 @@ def _folds(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch
 def fold_pairs(model: BaseOP) -> Iterator[Tuple[BaseOP, BaseOP]]:
     """(norm, projection) for each norm of `model` whose output that projection alone reads. A fact of the
     model classes' forward, so only those exact classes: a subclass may read the norm's output elsewhere."""
-    from .swap import layers_of
-
     for layer in layers_of(model):
         if type(layer) is not DecoderLayer:
             continue

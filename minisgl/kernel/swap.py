@@ -3,8 +3,7 @@
 After the weights are loaded, the engine runs `swap_in_kernels` once over the model (the pass that
 `minisgl/engine/kernel_pass.py` registers with the engine's `after_load`). On a GPU, each
 layer that a kernel serves becomes its kernel-backed class (`GPU_LAYERS`, the same object with
-its weights, another forward), and each block's norm is folded into the projection that reads it
-(`fold.py`). On the CPU in float32, each projection's weight is converted to
+its weights, another forward). On the CPU in float32, each projection's weight is converted to
 oneDNN's blocked layout and the plain copy dropped (`cpu_gemm`), and the projections and the LM head
 multiply through oneDNN. `MINISGL_DISABLE_KERNELS=1` leaves a GPU model plain; `MINISGL_DISABLE_ONEDNN=1`
 a CPU one.
@@ -23,7 +22,6 @@ from minisgl.layers.linear import _Linear
 from minisgl.layers.rotary import QKNormRope, RotaryEmbedding
 
 from . import cpu_gemm
-from .fold import fold_norms
 from .layers import CPU_LAYERS, GPU_LAYERS
 from .util import kernels_enabled
 
@@ -67,17 +65,13 @@ def _kernel_class(op: BaseOP) -> Optional[type]:
 
 
 def swap_in_kernels(model: BaseOP) -> Dict[str, int]:
-    """Give every layer of `model` that a kernel serves on its device its kernel-backed class, in place, then
-    fold each block's norm into the projection that reads it where both run kernels (`fold.py`). Returns how
-    many layers of each class changed, and how many norms were folded. Running it again changes nothing."""
+    """Give every layer of `model` that a kernel serves on its device its kernel-backed class, in place.
+    Returns how many layers of each class changed. Running it again changes nothing."""
     swapped: Counter = Counter()
     for op in list(layers_of(model)):
         cls = _kernel_class(op)
         if cls is not None and type(op) is not cls:
             swapped[type(op).__name__] += 1
             op.__class__ = cls
-    folded = fold_norms(model)
-    if folded:
-        swapped["RMSNorm folded into the next projection"] = folded
     cpu_gemm.give_back_freed_memory()  # the memory of the plain weights that packing dropped
     return dict(swapped)
