@@ -67,8 +67,8 @@ class RotaryEmbedding(BaseOP):
         pos = torch.arange(max_position, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = (emb.cos() * attn_factor).to(device)  # [max_position, head_dim], float32
-        self.sin = (emb.sin() * attn_factor).to(device)
+        cos, sin = _cos_sin(emb)  # each [max_position, head_dim], float32
+        self.cos, self.sin = (cos * attn_factor).to(device), (sin * attn_factor).to(device)
 
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -93,3 +93,15 @@ class QKNormRope:
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return self.rotary(positions, q, k)
+
+
+def _cos_sin(emb: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`emb.cos()` and `emb.sin()`, each function first called on one element.
+
+    On the CPU PyTorch hands float `cos`/`sin` to MKL's VML, which picks each function's kernel on its first
+    call; when that call is split over the intra-op threads, one thread can run the low-accuracy (VML_EP) kernel
+    on its whole chunk (pytorch/pytorch#188792, oneMKL 2024.2): in some fresh processes, cosines of the table's
+    second half came out 1.5e-4 off. A one-element call makes the choice on one thread first."""
+    one = emb.new_zeros(1)
+    one.cos(), one.sin()
+    return emb.cos(), emb.sin()
