@@ -1,16 +1,16 @@
-"""Each block's RMSNorm folded into the projection that reads it, for a decode step of one request.
+"""Each layer's two RMSNorms folded into the projections that read them, for a decode step of one request.
 
-A pre-norm block computes `h = rmsnorm(x + residual)` and hands `h` to one projection only: the
-attention's QKV projection, or the MLP's gate/up projection. For one row, both are short kernels in
-a chain. The matrix-vector kernel already reads each whole input row, so it can do the
-norm on the way (`gemv(..., norm=PendingNorm)`): the norm's own launch goes, two a layer.
+A pre-norm layer computes `h = rmsnorm(x + residual)` twice and hands each `h` to one projection only:
+the attention's QKV projection, or the MLP's gate/up projection. For one row, norm and projection are
+short kernels in a chain. The matrix-vector kernel already reads each whole input row, so it can do
+the norm on the way (`gemv(..., norm=PendingNorm)`): the norm's own launch goes, two a layer.
 
 The model code is not told. `fold_norms`, a pass after loading that runs after the kernel pass
-(`engine/kernel_pass.py`), finds each norm whose
-output only one projection reads, from the structure of the model classes (`fold_pairs`), and gives
-the two new classes. `FoldedRMSNorm`, for inputs the kernel takes, leaves a `PendingNorm` with its
-projection and returns the tensors that projection's launch fills; the projection takes it and runs
-the folded kernel. Any other input runs the norm and the projection as before.
+(`engine/kernel_pass.py`), finds each norm whose output only one projection reads, from the structure
+of the model classes (`fold_pairs`), and gives the two their folded classes. `FoldedRMSNorm`, for a row
+the kernel takes, leaves a `PendingNorm` with its projection and returns the tensors that projection's
+launch fills; the projection takes it and runs the folded kernel. Any other input runs the norm and the
+projection as before.
 """
 
 from __future__ import annotations
