@@ -694,6 +694,50 @@ def test_the_pass_on_the_cpu_packs_the_projections_and_keeps_their_products():
     assert K.swap_in_kernels(model) == {}  # a second run changes nothing
 
 
+
+class _Watched(torch.Tensor):
+    """A norm's output that records every torch function it goes into (`_Watched.uses`)."""
+
+    uses: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        cls.uses.append(func.__self__.__name__ if name == "__get__" else name)  # a property: its own name
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+_SHAPE_ONLY = {"__len__", "size", "dim", "shape", "dtype", "device"}  # they read no values
+
+
+def test_a_folded_norms_output_goes_to_its_projection_and_nowhere_else(monkeypatch):
+    """What `fold_pairs` declares, traced through the real forward of DecoderLayer, Attention and MLP: each
+    norm's output reaches its projection as the very tensor the norm returned, and no torch function reads it
+    on the way (the folded norm's output is unwritten until that projection's launch)."""
+    from minisgl import core
+
+    layer = _tiny_qwen3("cpu", torch.float32).model.layers[0]
+    x, res = torch.randn(1, 64), torch.randn(1, 64)
+    outs = [torch.Tensor._make_subclass(_Watched, torch.randn(1, 64)) for _ in range(2)]
+    handed = []
+    attn, mlp = layer.self_attn, layer.mlp
+    monkeypatch.setattr(layer.input_layernorm, "forward_residual", lambda x, r: (outs[0], x))
+    monkeypatch.setattr(layer.post_attention_layernorm, "forward_residual", lambda h, r: (outs[1], h))
+    monkeypatch.setattr(attn.qkv_proj, "forward",
+                        lambda h: (handed.append(h), torch.zeros(len(x), attn.qkv_proj.weight.shape[0]))[1])
+    monkeypatch.setattr(mlp.gate_up_proj, "forward_silu_and_mul",
+                        lambda h: (handed.append(h), torch.zeros(len(x), mlp.gate_up_proj.local_sizes[0]))[1])
+
+    class Backend:  # attention's output, without attending
+        def forward(self, q, k, v, layer_id, batch, qk):
+            return torch.zeros_like(q)
+
+    monkeypatch.setattr(core, "_GLOBAL_CTX", core.Context(page_size=1, attn_backend=Backend()))
+    _Watched.uses = []
+    layer.forward(x, res)
+    assert len(handed) == 2 and handed[0] is outs[0] and handed[1] is outs[1]
+    assert set(_Watched.uses) <= _SHAPE_ONLY, _Watched.uses
+
 @gpu
 def test_the_pass_on_a_gpu_swaps_every_layer_a_kernel_serves_and_the_switch_keeps_them_plain(monkeypatch):
     from minisgl.kernel import util
