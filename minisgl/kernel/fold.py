@@ -24,6 +24,7 @@ from minisgl.models.llama import MLP, Attention, DecoderLayer
 
 from .gemv import PendingNorm, gemv, gemv_applies
 from .layers import KernelLinearColParallelMerged, KernelLinearQKVMerged, KernelRMSNorm
+from .norm import add_rmsnorm_fits, rmsnorm_fits
 from .swap import layers_of
 
 
@@ -87,13 +88,13 @@ class FoldedRMSNorm(KernelRMSNorm):
 
 
 def _folds(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the projection's kernel takes `x` with the norm inside: a row it takes, a residual and the norm's
-    weight of the same kind (the kernel writes the normed row in `x`'s dtype)."""
-    if not gemv_applies(x, weight) or x.shape[0] > FOLD_MAX_ROWS:
+    """Whether the projection's kernel takes `x` with the norm inside: a row it takes, and a norm the norm's own
+    kernel takes, its weight and residual whole (the projection's kernel reads them as it reads `x`)."""
+    if not gemv_applies(x, weight) or x.shape[0] > FOLD_MAX_ROWS or not norm_weight.is_contiguous():
         return False
-    if norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
-        return False
-    return residual is None or (residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous())
+    if residual is None:
+        return rmsnorm_fits(x, norm_weight)
+    return add_rmsnorm_fits(x, residual, norm_weight) and residual.is_contiguous()
 
 
 def fold_pairs(model: BaseOP) -> Iterator[Tuple[BaseOP, BaseOP]]:
